@@ -1,0 +1,62 @@
+"""`eddy`: the command line. Each sub-command is a thin shell over a library function."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from .errors import EddyError
+
+
+def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """`[config.yaml] [key=value ...]`: the first argument is a file unless it has an '='."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def cmd_platforms(_: argparse.Namespace) -> int:
+    from .hal import detect, get_platform, known_platforms
+    from .ui import platforms_table
+
+    rows = [get_platform(name, require_available=False).describe() for name in known_platforms()]
+    platforms_table(rows, chosen=detect().name)
+    return 0
+
+
+def cmd_config_show(ns: argparse.Namespace) -> int:
+    from .config import load_config, to_yaml
+
+    path, overrides = _split_config_args(ns.args)
+    print(to_yaml(load_config(path, overrides)), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
+                                     "GPUs, Ascend NPUs and CPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("platforms", help="list known platforms and whether each is usable here")
+    p.set_defaults(func=cmd_platforms)
+
+    p = sub.add_parser("config", help="inspect configuration")
+    config_sub = p.add_subparsers(dest="config_command", required=True)
+    p = config_sub.add_parser("show", help="print the resolved config: [file.yaml] [key=value ...]")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=cmd_config_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except EddyError as exc:
+        print(f"eddy: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""One config tree from typed dataclasses, YAML files and `key=value` overrides."""
+
+from .loader import load_config, parse_overrides, read_yaml, to_yaml
+from .schema import ClusterConfig, EddyConfig, RolloutConfig, TrainConfig
+
+__all__ = ["ClusterConfig", "EddyConfig", "RolloutConfig", "TrainConfig", "load_config",
+           "parse_overrides", "read_yaml", "to_yaml"]

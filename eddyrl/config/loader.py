@@ -1,0 +1,123 @@
+"""Load a config: typed defaults, then a YAML file, then `key=value` overrides, then validation.
+
+Every failure is a `ConfigError` naming the file or key, the bad value and what is allowed; an
+unknown key suggests the closest valid one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import ConfigError
+from .checks import did_you_mean
+from .schema import EddyConfig
+
+
+def _schema() -> DictConfig:
+    return OmegaConf.structured(EddyConfig)
+
+
+def _all_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        keys.append(full)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            keys.extend(_all_keys(child, full + "."))
+    return keys
+
+
+def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None:
+    """Reject keys the schema does not have, with the closest valid key."""
+    if not isinstance(tree, dict):
+        return
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if key not in schema:
+            local = did_you_mean(str(key), [str(k) for k in schema.keys()])
+            if local:
+                local = did_you_mean(full, [f"{prefix}{k}" for k in schema.keys()]) or local
+            if not local:  # maybe the right leaf in the wrong section: match on the full key
+                local = did_you_mean(full, _all_keys(_schema()))
+            allowed = ", ".join(str(k) for k in schema.keys())
+            raise ConfigError(f"unknown config key {full!r} in {source}{local} "
+                              f"(valid keys here: {allowed})")
+        child = schema._get_node(key)
+        if isinstance(child, DictConfig):
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"config key {full!r} in {source} is a section; expected a "
+                                  f"mapping of its keys, got {value!r}")
+            _check_keys(value, child, full + ".", source)
+
+
+def _merge(base: DictConfig, tree: dict, source: str) -> DictConfig:
+    _check_keys(tree, base, "", source)
+    try:
+        return OmegaConf.merge(base, OmegaConf.create(tree))
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+        raise ConfigError(f"config key {key!r} in {source}: {reason}") from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}: "
+                          f"{getattr(exc, 'problem', exc)}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not "
+                          f"{type(tree).__name__}")
+    return tree
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict:
+    """`a.b=1` strings to a nested dict; values are parsed as YAML scalars (1, 0.5, null, true)."""
+    tree: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form key=value "
+                              "(e.g. platform=cpu or rollout.engine=hf)")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of "
+                                  f"{part!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> EddyConfig:
+    cfg = _schema()
+    if path is not None:
+        cfg = _merge(cfg, read_yaml(path), f"'{path}'")
+    if overrides:
+        cfg = _merge(cfg, parse_overrides(overrides), "the command-line overrides")
+    config: EddyConfig = OmegaConf.to_object(cfg)
+    config.validate()
+    return config
+
+
+def to_yaml(config: EddyConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

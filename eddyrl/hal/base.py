@@ -1,0 +1,258 @@
+"""The `Platform` base class: what Eddy needs from a kind of device.
+
+Every default delegates to PyTorch's device-generic APIs (`torch.get_device_module`,
+`torch.Stream`/`torch.Event`, `torch.amp.autocast`, `Backend.default_device_backend_map`), so a
+platform file overrides only what really differs. Nothing outside `eddyrl/hal/` may name a device
+(a test enforces it): the rest of Eddy asks its `Platform` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProperties:
+    name: str
+    total_memory: int  # bytes; 0 where unknown
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    free: int
+    total: int
+    allocated: int
+    peak_allocated: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def loopback_interface() -> str:
+    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
+    import socket
+
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"
+
+
+class Platform:
+    """One kind of device. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    device_type: ClassVar[str]
+    ray_resource: ClassVar[str | None] = None  # Ray resource name; None means "CPU only"
+    visible_devices_env: ClassVar[str | None] = None  # e.g. the variable Ray sets per actor
+    description: ClassVar[str] = ""
+    # Detection picks the available platform with the highest priority; None = only by name.
+    detect_priority: ClassVar[int | None] = None
+
+    # ---- identity -------------------------------------------------------------------------
+    def module(self) -> Any:
+        """The torch device module (`torch.cuda`, `torch.npu`, `torch.cpu`)."""
+        return torch.get_device_module(self.device_type)
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def unavailable_reason(self) -> str | None:
+        """None when usable here, else one sentence saying why not."""
+        try:
+            ok = self.module().is_available()
+        except Exception as exc:  # a half-installed vendor stack must not crash discovery
+            return f"{type(exc).__name__}: {exc}"
+        return None if ok else f"no {self.device_type} device is visible to this process"
+
+    def device_count(self) -> int:
+        return self.module().device_count() if self.is_available() else 0
+
+    def properties(self, index: int = 0) -> DeviceProperties:
+        props = self.module().get_device_properties(index)
+        return DeviceProperties(name=props.name, total_memory=int(props.total_memory))
+
+    def describe(self) -> dict[str, Any]:
+        """Everything `eddy platforms` prints about this platform."""
+        info: dict[str, Any] = {
+            "name": self.name,
+            "available": self.is_available(),
+            "reason": self.unavailable_reason(),
+            "device_type": self.device_type,
+            "backend": self.dist_backend(),
+            "ray_resource": self.ray_resource or "-",
+            "visible_devices_env": self.visible_devices_env or "-",
+            "device_count": 0,
+            "device_name": "-",
+            "memory_total": 0,
+        }
+        if info["available"]:
+            props = self.properties(0)
+            info.update(device_count=self.device_count(), device_name=props.name,
+                        memory_total=props.total_memory)
+        return info
+
+    # ---- placement ------------------------------------------------------------------------
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device(self.device_type, local_rank)
+
+    def set_device(self, local_rank: int) -> None:
+        self.module().set_device(local_rank)
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def device_mesh(self, shape: tuple[int, ...], names: tuple[str, ...] | None = None):
+        """A `DeviceMesh` over the default process group (which must be initialised)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device_type, shape, mesh_dim_names=names)
+
+    # ---- execution ------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        self.module().synchronize()
+
+    def new_stream(self) -> torch.Stream:
+        return torch.Stream(device=self.device(self.local_rank()))
+
+    def new_event(self, enable_timing: bool = False) -> torch.Event:
+        return torch.Event(device=self.device(self.local_rank()), enable_timing=enable_timing)
+
+    def current_stream(self) -> torch.Stream:
+        return self.module().current_stream()
+
+    # ---- memory ---------------------------------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        mod = self.module()
+        free, total = mod.mem_get_info()
+        return MemoryInfo(free=int(free), total=int(total),
+                          allocated=int(mod.memory_allocated()),
+                          peak_allocated=int(mod.max_memory_allocated()))
+
+    def empty_cache(self) -> None:
+        self.module().empty_cache()
+
+    def reset_peak_memory(self) -> None:
+        self.module().reset_peak_memory_stats()
+
+    def release_memory(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Called by an engine going to sleep after it dropped its tensors: return cached
+        blocks to the device so another role (e.g. the trainer) can use them."""
+        self.synchronize()
+        self.empty_cache()
+
+    def restore_memory(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Called by an engine waking up, before it re-allocates. Nothing to do by default."""
+
+    # ---- randomness -----------------------------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # seeds the CPU generator and every registered device
+
+    def get_rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self.is_available() and self.device_type != "cpu":
+            state[self.device_type] = self.module().get_rng_state()
+        return state
+
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if self.device_type in state and self.device_type != "cpu":
+            self.module().set_rng_state(state[self.device_type])
+
+    # ---- collectives ----------------------------------------------------------------------
+    def dist_backend(self) -> str:
+        """The collective backend for tensors on this device (gloo / nccl / hccl ...)."""
+        import torch.distributed as dist
+
+        return dist.Backend.default_device_backend_map.get(self.device_type, "gloo")
+
+    def composite_backend(self) -> str:
+        """Backend string for `init_process_group`: CPU tensors always go over gloo, so that
+        metadata collectives work next to device collectives (`cpu:gloo,cuda:nccl`)."""
+        if self.device_type == "cpu":
+            return "cpu:gloo"
+        return f"cpu:gloo,{self.device_type}:{self.dist_backend()}"
+
+    def loopback_env(self) -> dict[str, str]:
+        """Variables that keep the collective libraries' sockets on the loopback interface, for
+        single-machine runs and tests (gloo otherwise binds to the host name's address)."""
+        return {"GLOO_SOCKET_IFNAME": loopback_interface()}
+
+    def init_process_group(self, rank: int, world_size: int, init_method: str,
+                           timeout_s: float = 600.0, *, local: bool = False) -> None:
+        """Join the default group. `init_method` is `file://...` (one machine, no listening
+        socket) or `tcp://host:port`; `local=True` keeps all traffic on loopback."""
+        import torch.distributed as dist
+
+        if local:
+            for key, value in self.loopback_env().items():
+                os.environ.setdefault(key, value)
+        if self.device_type != "cpu" and self.is_available():
+            self.set_device(self.local_rank())
+        dist.init_process_group(backend=self.composite_backend(), init_method=init_method,
+                                rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+
+    def new_standalone_group(self, store: Any, rank: int, world_size: int,
+                             timeout_s: float = 600.0) -> Any:
+        """A process group outside the default world (e.g. trainer + rollout workers for weight
+        broadcast) that does not disturb the trainer's own group. Platforms override this to
+        construct their device backend; the default is gloo, which moves CPU tensors."""
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, world_size,
+                                     datetime.timedelta(seconds=timeout_s))
+
+    # ---- precision ------------------------------------------------------------------------
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """Whether autocast to `dtype` works here (torch warns and disables it otherwise)."""
+        if dtype == torch.float32:
+            return True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with torch.autocast(device_type=self.device_type, dtype=dtype):
+                    pass
+            except (RuntimeError, ValueError):
+                return False
+        return not any("not supported" in str(w.message) for w in caught)
+
+    def autocast(self, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+        if dtype is None or dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=dtype)
+
+    # ---- profiling, model patches, engines -------------------------------------------------
+    @contextlib.contextmanager
+    def profile_range(self, name: str) -> Iterator[None]:
+        """A named range in the vendor profiler's timeline (nvtx, mstx); a no-op by default."""
+        yield
+
+    def apply_model_patches(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swap in fused kernels the platform provides; returns the (possibly same) model."""
+        return model
+
+    def inference_engine_env(self) -> dict[str, str]:
+        """Environment variables a vendor inference engine needs on this platform."""
+        return {}
+
+    def weight_channel_kind(self, receiver: "Platform") -> str:
+        """How weights reach an inference engine on `receiver`: `collective` between like
+        accelerators, `object_store` CPU to CPU, `host` (staged through host memory) across kinds."""
+        if receiver.name != self.name:
+            return "host"
+        return "object_store" if self.device_type == "cpu" else "collective"
+
+    def ray_actor_resources(self, fraction: float = 1.0) -> dict[str, Any]:
+        """Ray `.options(...)` arguments asking for `fraction` of one device."""
+        if self.ray_resource is None:
+            return {}
+        return {"resources": {self.ray_resource: fraction}}
+
+    def __repr__(self) -> str:
+        return f"<Platform {self.name} ({self.device_type})>"

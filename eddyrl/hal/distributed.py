@@ -1,0 +1,72 @@
+"""Collective helpers over the default process group that the platform initialised.
+
+Thin on purpose: the composite backend (`cpu:gloo,<device>:<backend>`) already routes each tensor
+to the right library, so these helpers only add what every caller would otherwise repeat.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+        "avg": dist.ReduceOp.AVG}
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
+    """In place on every rank; returns the tensor for chaining."""
+    if is_initialized():
+        dist.broadcast(tensor, src=src, group=group)
+    return tensor
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    if op not in _OPS:
+        raise ValueError(f"all_reduce op {op!r} is not one of {sorted(_OPS)}")
+    if is_initialized():
+        if op == "avg":
+            # Not every backend has AVG (gloo does not): sum, then divide, everywhere.
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+            tensor.div_(dist.get_world_size(group))
+        else:
+            dist.all_reduce(tensor, op=_OPS[op], group=group)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """One tensor per rank, in rank order (same shape on every rank)."""
+    if not is_initialized():
+        return [tensor.clone()]
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor, group=group)
+    return out
+
+
+def all_gather_object(obj, group=None) -> list:
+    if not is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def barrier(group=None) -> None:
+    if is_initialized():
+        dist.barrier(group=group)
+
+
+def destroy() -> None:
+    if is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,85 @@
+"""Finding platforms: built-ins, plug-ins from the `eddyrl.platforms` entry-point group, and the
+choice between them (config key, else `EDDY_PLATFORM`, else detection)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from importlib.metadata import entry_points
+
+from ..errors import PlatformError
+from .base import Platform
+from .cpu import CpuPlatform
+from .cuda import CudaPlatform
+from .npu import NpuPlatform
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "eddyrl.platforms"
+ENV_VAR = "EDDY_PLATFORM"
+AUTO = "auto"
+
+# Detection order: accelerators before the CPU. Plug-ins join only if they set `detect_priority`.
+_BUILTINS: tuple[type[Platform], ...] = (CudaPlatform, NpuPlatform, CpuPlatform)
+
+
+@functools.cache
+def platform_classes() -> dict[str, type[Platform]]:
+    """Every known platform by name; a broken plug-in is skipped with a warning naming it."""
+    classes = {cls.name: cls for cls in _BUILTINS}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Platform)):
+                raise TypeError(f"{ep.value} is not a subclass of eddyrl.hal.Platform")
+            if ep.name != cls.name:
+                raise TypeError(f"entry point name {ep.name!r} differs from {cls.__name__}.name "
+                                f"{cls.name!r}")
+        except Exception as exc:
+            warnings.warn(f"platform plug-in {ep.name!r} ({ep.value}) failed to load and is "
+                          f"skipped: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        if ep.name in classes and classes[ep.name] is not cls:
+            warnings.warn(f"platform plug-in {ep.name!r} ({ep.value}) replaces the platform of "
+                          "the same name", RuntimeWarning, stacklevel=2)
+        classes[ep.name] = cls
+    return classes
+
+
+def known_platforms() -> list[str]:
+    return list(platform_classes())
+
+
+@functools.cache
+def _instance(name: str) -> Platform:
+    return platform_classes()[name]()
+
+
+def detect() -> Platform:
+    """The best platform present here: an accelerator if any, else the CPU."""
+    detectable = [cls for cls in platform_classes().values() if cls.detect_priority is not None]
+    for cls in sorted(detectable, key=lambda cls: -cls.detect_priority):
+        platform = _instance(cls.name)
+        if platform.is_available():
+            return platform
+    return _instance(CpuPlatform.name)
+
+
+def get_platform(name: str | None = None, *, require_available: bool = True) -> Platform:
+    """The platform called `name`; None or "auto" falls back to `EDDY_PLATFORM`, then detection."""
+    if name in (None, "", AUTO):
+        name = os.environ.get(ENV_VAR) or AUTO
+    if name == AUTO:
+        return detect()
+    classes = platform_classes()
+    if name not in classes:
+        raise PlatformError(f"unknown platform {name!r}; known platforms: "
+                            f"{', '.join(sorted(classes))} (or 'auto')")
+    platform = _instance(name)
+    if require_available:
+        reason = platform.unavailable_reason()
+        if reason is not None:
+            raise PlatformError(f"platform {name!r} was requested but is not usable here: {reason}")
+    return platform

@@ -1,0 +1,167 @@
+"""How new weights travel from the trainer to the inference engines.
+
+Three channels, chosen by the sender's `Platform.weight_channel_kind(receiver)`:
+- `collective`: trainer and rollout workers on the same accelerator kind join a standalone
+  process group over the device backend (NCCL, HCCL); buckets are broadcast device to device.
+- `object_store`: CPU to CPU; buckets are plain host tensors handed over by the runtime (Ray puts
+  them in its shared-memory object store, so co-located readers map them without a copy).
+- `host`: different platforms (e.g. trainer on NVIDIA, rollout on Ascend): staged through host
+  memory the same way, then copied onto the receiver's device.
+
+A transfer is a sequence of buckets. For each, the sender calls `describe(bucket)` to get a
+`BucketSpec` the runtime delivers to the receivers, and `send(bucket)`; each receiver calls
+`receive(spec)`. For `collective`, `send` and `receive` are the two ends of a broadcast and must
+run concurrently; for the host channels the spec carries the tensors and `send` does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from .base import Platform
+
+
+@dataclass(slots=True)
+class BucketSpec:
+    names: list[str]
+    dtypes: list[torch.dtype]
+    shapes: list[tuple[int, ...]]
+    tensors: dict[str, torch.Tensor] | None = None  # host channels only
+    nbytes: int = 0
+
+
+def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
+                 bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Group tensors into buckets of about `bucket_bytes` (a larger tensor gets its own)."""
+    bucket: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[name] = tensor
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _spec(bucket: dict[str, torch.Tensor]) -> BucketSpec:
+    return BucketSpec(names=list(bucket), dtypes=[t.dtype for t in bucket.values()],
+                      shapes=[tuple(t.shape) for t in bucket.values()],
+                      nbytes=sum(t.numel() * t.element_size() for t in bucket.values()))
+
+
+class WeightChannel:
+    kind = "abstract"
+
+    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+        raise NotImplementedError
+
+    def send(self, bucket: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class HostChannel(WeightChannel):
+    """Through host memory: the spec carries contiguous CPU tensors."""
+
+    receiver: Platform
+    kind: str = "object_store"
+
+    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+        spec = _spec(bucket)
+        spec.tensors = {name: t.detach().to("cpu").contiguous() for name, t in bucket.items()}
+        return spec
+
+    def send(self, bucket: dict[str, torch.Tensor]) -> None:
+        pass  # the spec already holds the data
+
+    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+        if spec.tensors is None:
+            raise ValueError("host weight channel got a bucket spec without tensors")
+        device = self.receiver.device(self.receiver.local_rank())
+        return {name: t.to(device, non_blocking=False) for name, t in spec.tensors.items()}
+
+
+@dataclass
+class CollectiveChannel(WeightChannel):
+    """Broadcast from rank 0 (the trainer) over a standalone group on the device backend."""
+
+    platform: Platform
+    group: Any
+    rank: int
+    kind: str = "collective"
+    _pending: list = field(default_factory=list)
+
+    @classmethod
+    def connect(cls, platform: Platform, rendezvous: str, rank: int, world_size: int,
+                timeout_s: float = 600.0) -> "CollectiveChannel":
+        """All ranks call this with the same `rendezvous` (see `make_store`); rank 0 sends."""
+        if rendezvous.startswith("file://"):  # one machine: keep the sockets on loopback
+            for key, value in platform.loopback_env().items():
+                os.environ.setdefault(key, value)
+        store = make_store(rendezvous, rank, world_size, timeout_s)
+        group = platform.new_standalone_group(store, rank, world_size, timeout_s)
+        return cls(platform=platform, group=group, rank=rank)
+
+    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+        return _spec(bucket)
+
+    def send(self, bucket: dict[str, torch.Tensor]) -> None:
+        device = self.platform.device(self.platform.local_rank())
+        for tensor in bucket.values():
+            self.group.broadcast(tensor.detach().to(device).contiguous(), 0).wait()
+
+    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+        device = self.platform.device(self.platform.local_rank())
+        out = {}
+        for name, dtype, shape in zip(spec.names, spec.dtypes, spec.shapes):
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            self.group.broadcast(tensor, 0).wait()
+            out[name] = tensor
+        return out
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def make_store(rendezvous: str, rank: int, world_size: int, timeout_s: float = 600.0):
+    """A key-value store for a group's rendezvous: `file:///path` on one machine (no listening
+    socket at all), `tcp://host:port` across machines (rank 0 listens)."""
+    import datetime
+    from urllib.parse import urlparse
+
+    import torch.distributed as dist
+
+    url = urlparse(rendezvous)
+    if url.scheme == "file":
+        return dist.FileStore(url.path, world_size)
+    if url.scheme == "tcp" and url.hostname and url.port:
+        return dist.TCPStore(url.hostname, url.port, world_size, is_master=(rank == 0),
+                             timeout=datetime.timedelta(seconds=timeout_s))
+    raise ValueError(f"rendezvous {rendezvous!r} must be file:///path or tcp://host:port")
+
+
+def open_weight_channel(sender: Platform, receiver: Platform, *, rank: int = 0,
+                        world_size: int = 1, rendezvous: str = "",
+                        timeout_s: float = 600.0) -> WeightChannel:
+    """The channel the two platforms agree on (`Platform.weight_channel_kind`). `rank` 0 is the
+    sender; the rendezvous arguments matter only for `collective`."""
+    kind = sender.weight_channel_kind(receiver)
+    if kind == "collective":
+        own = sender if rank == 0 else receiver
+        return CollectiveChannel.connect(own, rendezvous, rank, world_size, timeout_s)
+    return HostChannel(receiver=receiver, kind=kind)

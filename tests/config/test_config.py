@@ -1,0 +1,98 @@
+"""Config: defaults, YAML, overrides, and errors that name the key, the value and what is allowed."""
+
+import pytest
+
+from eddyrl.cli import main
+from eddyrl.config import load_config, parse_overrides
+from eddyrl.errors import ConfigError
+
+
+def test_defaults_validate():
+    config = load_config()
+    assert config.platform == "auto" and config.rollout.engine == "hf"
+    assert config.rollout.platform is None and config.train.platform is None
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("platform: cpu\nseed: 3\nrollout:\n  num_workers: 2\n")
+    config = load_config(path, ["seed=7", "train.platform=cpu", "cluster.timeout_s=30"])
+    assert (config.platform, config.seed, config.rollout.num_workers) == ("cpu", 7, 2)
+    assert config.train.platform == "cpu" and config.cluster.timeout_s == 30.0
+
+
+def test_override_values_are_typed():
+    tree = parse_overrides(["a.b=1", "a.c=0.5", "d=null", "e=true", "f=text"])
+    assert tree == {"a": {"b": 1, "c": 0.5}, "d": None, "e": True, "f": "text"}
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["rollout.engin=hf"], ["unknown config key 'rollout.engin'", "did you mean 'rollout.engine'"]),
+    (["num_workers=2"], ["unknown config key 'num_workers'", "'train.num_workers'"]),
+    (["rolout.engine=hf"], ["unknown config key 'rolout'", "did you mean 'rollout'"]),
+    (["platform=tpu"], ["'platform' = 'tpu'", "'cpu'", "'cuda'", "'npu'"]),
+    (["rollout.platform=gpu"], ["'rollout.platform' = 'gpu'", "'cuda'"]),
+    (["rollout.engine=sglang"], ["'rollout.engine' = 'sglang'", "'hf'"]),
+    (["rollout.num_workers=0"], ["'rollout.num_workers' = 0", "out of range"]),
+    (["rollout.num_workers=abc"], ["'rollout.num_workers'", "'abc'", "Integer"]),
+    (["cluster.timeout_s=-1"], ["'cluster.timeout_s' = -1", "(0"]),
+    (["seed=-2"], ["'seed' = -2"]),
+    (["rollout=3"], ["'rollout'", "is a section"]),
+    (["platform"], ["'platform' is not of the form key=value"]),
+    (["=cpu"], ["is not of the form key=value"]),
+])
+def test_bad_overrides_are_named(overrides, fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), (fragment, str(err.value))
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("platform: cpu\nrollout: [1, 2]\n", ["'rollout'", "is a section"]),
+    ("- a\n- b\n", ["must hold a mapping"]),
+    ("platform: [cpu\n", ["not valid YAML", "line"]),
+    ("train:\n  enigne: fsdp\n", ["unknown config key 'train.enigne'", "'train.engine'"]),
+])
+def test_bad_files_are_named(tmp_path, text, fragments):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    for fragment in [*fragments]:
+        assert fragment in str(err.value), (fragment, str(err.value))
+    assert "bad.yaml" in str(err.value) or "'rollout'" in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_empty_file_means_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == load_config()
+
+
+def test_config_show_prints_the_resolved_tree(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("seed: 11\n")
+    assert main(["config", "show", str(path), "rollout.num_workers=3"]) == 0
+    out = capsys.readouterr().out
+    assert "seed: 11" in out and "num_workers: 3" in out
+
+
+def test_cli_errors_are_one_line_without_traceback(capsys):
+    assert main(["config", "show", "platform=tpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eddy: error: ") and "Traceback" not in err
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    assert configs, "configs/ holds no YAML file"
+    for path in configs:
+        load_config(path)
