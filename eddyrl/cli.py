@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
@@ -33,6 +34,38 @@ def cmd_config_show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(ns: argparse.Namespace) -> int:
+    from .config import load_config
+    from .launch import train
+    from .ui import TrainProgress, console
+
+    path, overrides = _split_config_args(ns.args)
+    config = load_config(path, overrides)
+    with TrainProgress(config.loop.steps) as progress:
+        summary_path = train(config, on_step=progress.update)
+    summary = json.loads(summary_path.read_text())
+    console.print(f"held-out accuracy: {summary['initial_eval_accuracy']:.3f} -> "
+                  f"{summary['final_eval_accuracy']:.3f} in {summary['wall_seconds']:.0f} s "
+                  f"({summary['steps']} steps)", highlight=False)
+    print(summary_path)
+    return 0
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from .config import load_config
+    from .launch import evaluate_checkpoint
+
+    path, overrides = _split_config_args(ns.args)
+    config = load_config(path, overrides)
+    with tempfile.TemporaryDirectory() as data_dir:
+        result = evaluate_checkpoint(config, ns.checkpoint, Path(data_dir))
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
                                      "GPUs, Ascend NPUs and CPUs.")
@@ -40,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("platforms", help="list known platforms and whether each is usable here")
     p.set_defaults(func=cmd_platforms)
+
+    p = sub.add_parser("train", help="RL training: [config.yaml] [key=value ...] "
+                       "(no argument: the bundled tiny model on the CPU)")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out accuracy of a saved model: <checkpoint> "
+                       "[config.yaml] [key=value ...]")
+    p.add_argument("checkpoint")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("config", help="inspect configuration")
     config_sub = p.add_subparsers(dest="config_command", required=True)

@@ -29,3 +29,38 @@ def platforms_table(rows: list[dict], chosen: str) -> None:
     for row in rows:
         detail = row["device_name"] if row["available"] else f"unavailable: {row['reason']}"
         console.print(f"  {row['name']}: {detail}", highlight=False, markup=False)
+
+
+class TrainProgress:
+    """A progress bar over RL steps showing reward, held-out accuracy and rollout tokens/s."""
+
+    def __init__(self, steps: int) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                                 console=console)
+        self.task = self.progress.add_task("train", total=steps, status="starting")
+        self.eval_accuracy: float | None = None
+
+    def __enter__(self) -> "TrainProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def update(self, metrics: dict) -> None:
+        self.eval_accuracy = metrics.get("eval_accuracy", self.eval_accuracy)
+        parts = [f"step {metrics['step']}"]
+        if "reward_mean" in metrics:
+            parts.append(f"reward {metrics['reward_mean']:.3f}")
+        if self.eval_accuracy is not None:
+            parts.append(f"held-out acc {self.eval_accuracy:.3f}")
+        if "tokens_per_s" in metrics:
+            parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
+        self.progress.update(self.task, completed=metrics["step"], status=" | ".join(parts))
+        if "eval_accuracy" in metrics:
+            console.print(f"step {metrics['step']}: held-out accuracy "
+                          f"{metrics['eval_accuracy']:.3f}", highlight=False)

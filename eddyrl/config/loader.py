@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
-from .checks import did_you_mean
+from ..validation import did_you_mean
 from .schema import EddyConfig
 
 

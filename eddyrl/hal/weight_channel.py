@@ -156,11 +156,14 @@ def make_store(rendezvous: str, rank: int, world_size: int, timeout_s: float = 6
 
 
 def open_weight_channel(sender: Platform, receiver: Platform, *, rank: int = 0,
-                        world_size: int = 1, rendezvous: str = "",
+                        world_size: int = 1, rendezvous: str = "", kind: str = "auto",
                         timeout_s: float = 600.0) -> WeightChannel:
-    """The channel the two platforms agree on (`Platform.weight_channel_kind`). `rank` 0 is the
-    sender; the rendezvous arguments matter only for `collective`."""
-    kind = sender.weight_channel_kind(receiver)
+    """The channel the two platforms agree on (`Platform.weight_channel_kind`), or `kind` when
+    forced. `rank` 0 is the sender; the rendezvous arguments matter only for `collective`."""
+    if kind == "auto":
+        kind = sender.weight_channel_kind(receiver)
+    if kind not in ("collective", "object_store", "host"):
+        raise ValueError(f"weight channel kind {kind!r} is not collective, object_store or host")
     if kind == "collective":
         own = sender if rank == 0 else receiver
         return CollectiveChannel.connect(own, rendezvous, rank, world_size, timeout_s)

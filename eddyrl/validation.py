@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:

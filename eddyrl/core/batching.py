@@ -1,0 +1,68 @@
+"""From collected groups to the tensors of a training step, and a token-balanced split of
+those rows across data-parallel ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from .advantages import broadcast_to_tokens, group_advantages
+from .batch import TrainBatch
+from .trajectory import Group
+
+
+def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
+                      sample_weight: float = 1.0) -> TrainBatch:
+    """One row per trajectory: prompt + response, right-padded; log-probs and versions aligned
+    so that position t describes token t (see core/batch.py)."""
+    rows = [(g, t) for g in groups for t in g.trajectories]
+    if not rows:
+        raise ValueError("cannot build a training batch from no trajectories")
+    width = max(len(g.prompt_ids) + t.num_tokens for g, t in rows)
+    size = (len(rows), width)
+    input_ids = torch.full(size, pad_id, dtype=torch.long)
+    attention = torch.zeros(size, dtype=torch.long)
+    loss_mask = torch.zeros(size)
+    old_logprobs = torch.zeros(size)
+    versions = torch.full(size, -1, dtype=torch.long)
+    for i, (group, traj) in enumerate(rows):
+        p, n = len(group.prompt_ids), traj.num_tokens
+        input_ids[i, :p + n] = torch.tensor(group.prompt_ids + traj.result.token_ids)
+        attention[i, :p + n] = 1
+        loss_mask[i, p:p + n] = 1
+        old_logprobs[i, p:p + n] = torch.tensor(traj.result.logprobs)
+        versions[i, p:p + n] = torch.tensor(traj.result.versions)
+    advantages = torch.cat([group_advantages(torch.tensor(g.rewards), len(g.rewards),
+                                             normalize_std=normalize_std) for g in groups])
+    return TrainBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
+                      old_logprobs=old_logprobs,
+                      advantages=broadcast_to_tokens(advantages, loss_mask),
+                      sample_weights=torch.full((len(rows),), float(sample_weight)),
+                      versions=versions)
+
+
+def balanced_partition(token_counts: list[int], parts: int) -> list[list[int]]:
+    """Row indices for each part, greedily balancing token counts (longest first), each part
+    getting as close to the same number of rows as possible."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    capacity = -(-len(token_counts) // parts)  # rows per part, rounded up
+    order = sorted(range(len(token_counts)), key=lambda i: -token_counts[i])
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in order:
+        open_bins = [b for b in range(parts) if len(bins[b]) < capacity]
+        target = min(open_bins, key=lambda b: loads[b])
+        bins[target].append(i)
+        loads[target] += token_counts[i]
+    return [sorted(b) for b in bins]
+
+
+def split_for_ranks(batch: TrainBatch, ranks: int) -> list[TrainBatch]:
+    """One sub-batch per data-parallel rank, balanced by loss tokens and trimmed of padding."""
+    counts = batch.loss_mask.sum(dim=1).long().tolist()
+    parts = []
+    for rows in balanced_partition(counts, ranks):
+        part = batch.select(torch.tensor(rows, dtype=torch.long))
+        width = int(part.attention_mask.sum(dim=1).max().item()) if len(rows) else 0
+        parts.append(part.select_columns(max(width, 1)))
+    return parts

@@ -1,0 +1,44 @@
+"""Config sections of the RL algorithm and of the training loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..validation import check_range, contradiction
+
+
+@dataclass(kw_only=True, slots=True)
+class AlgorithmConfig:
+    """GRPO with the DAPO options."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
+    kl_coef: float = 0.0  # KL to the initial (reference) policy; 0 = no reference model
+    normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill the batch
+    max_refill_rounds: int = 3  # extra rollout rounds dynamic sampling may spend per step
+
+    def validate(self, prefix: str) -> None:
+        check_range(f"{prefix}.clip_low", self.clip_low, 0, 1, lo_open=True, hi_open=True)
+        check_range(f"{prefix}.clip_high", self.clip_high, 0, lo_open=True)
+        check_range(f"{prefix}.kl_coef", self.kl_coef, 0)
+        check_range(f"{prefix}.max_refill_rounds", self.max_refill_rounds, 0)
+        if self.clip_high < self.clip_low:
+            raise contradiction(f"{prefix}.clip_high ({self.clip_high}) < {prefix}.clip_low "
+                                f"({self.clip_low}); clip-higher needs clip_high >= clip_low")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoopConfig:
+    steps: int = 40
+    batch_prompts: int = 32  # prompts (groups) per training step
+    eval_every: int = 10  # steps between held-out evaluations (0: only at start and end)
+    eval_temperature: float = 0.0  # 0: greedy held-out accuracy
+    save_every: int = 0  # steps between checkpoints (0: only the final one)
+
+    def validate(self, prefix: str) -> None:
+        check_range(f"{prefix}.steps", self.steps, 0)
+        check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
+        check_range(f"{prefix}.eval_every", self.eval_every, 0)
+        check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
+        check_range(f"{prefix}.save_every", self.save_every, 0)

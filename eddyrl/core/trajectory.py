@@ -1,0 +1,39 @@
+"""Trajectories and groups: a prompt's G responses, their rewards, and what produced them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engines.inference.base import GenerationResult
+
+
+@dataclass(slots=True)
+class Trajectory:
+    result: GenerationResult
+    reward: float = 0.0
+    reward_error: str | None = None  # set when the reward function failed on this sample
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.result.token_ids)
+
+
+@dataclass(slots=True)
+class Group:
+    """One prompt and its responses; trained, replayed and accounted for as a whole."""
+
+    group_id: str
+    prompt: str
+    answer: str
+    prompt_ids: list[int]
+    dispatch_version: int
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    def is_informative(self) -> bool:
+        """Whether GRPO learns anything from it: rewards that are not all equal."""
+        rewards = self.rewards
+        return len(rewards) > 1 and max(rewards) > min(rewards)

@@ -1,0 +1,95 @@
+"""The inference-engine contract: async, request-level generation that records, for every
+generated token, its log-probability and the policy version that produced it."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterable
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None  # per-request seed, for reproducible sampling
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    # Partial rollout / migration: tokens already generated elsewhere, resumed from here.
+    resume_ids: list[int] = field(default_factory=list)
+    resume_logprobs: list[float] = field(default_factory=list)
+    resume_versions: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]  # log p(token) under the sampling distribution (after temperature)
+    versions: list[int]  # policy version that generated each token
+    finish_reason: str  # "stop" | "length" | "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != "abort"
+
+
+@dataclass(slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    version: int
+    tokens_generated: int
+    busy_seconds: float  # time spent generating, for tokens/s and idle ratio
+    kv_cache_usage: float = 0.0  # fraction of the KV budget in use, where the engine knows it
+    sleeping: bool = False
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+
+class InferenceEngine(abc.ABC):
+    """One rollout worker's engine. Every method is safe to call while `generate` runs."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Policy version of the loaded weights."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
+        """Yield one result per request, in completion order (aborted ones with
+        finish_reason "abort" and the tokens produced so far)."""
+
+    @abc.abstractmethod
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        """Stop these requests; their partial results come out of `generate`."""
+
+    @abc.abstractmethod
+    async def load_weights(self, version: int,
+                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+        """Replace the weights bucket by bucket; new tokens then carry `version`."""
+
+    @abc.abstractmethod
+    async def sleep(self) -> None:
+        """Free device memory (weights and cache) until `wake`."""
+
+    @abc.abstractmethod
+    async def wake(self) -> None:
+        ...
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        ...

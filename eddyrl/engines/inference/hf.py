@@ -1,0 +1,225 @@
+"""`hf`: a transformers model with a KV cache, decoding a batch of requests step by step.
+
+Each `generate` call decodes its requests as one batch, left-padded, and drops rows from the
+batch (and the KV cache) as they finish, so one long trajectory does not keep the short ones'
+compute alive. Every decode step holds a lock, so a weight load lands between steps: tokens
+carry the version that was loaded when they were sampled. Steps run in a worker thread, so
+`abort`, `stats` and weight loads are served while a batch decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterable
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from ...hal import Platform
+from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
+from .sampling import sample
+
+
+@dataclass
+class _Row:
+    request: GenerationRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:  # resumed (partial) requests keep their history
+        self.tokens = list(self.request.resume_ids)
+        self.logprobs = list(self.request.resume_logprobs)
+        self.versions = list(self.request.resume_versions)
+
+    def result(self, reason: str) -> GenerationResult:
+        return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
+                                self.tokens, self.logprobs, self.versions, reason)
+
+
+class HFInferenceEngine(InferenceEngine):
+    def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
+                 max_batch_size: int = 256, version: int = 0) -> None:
+        self.platform = platform
+        self.device = platform.device(platform.local_rank())
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = platform.apply_model_patches(model).to(self.device).eval()
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.max_batch_size = max_batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self._version = version
+        self._lock = threading.Lock()  # one decode step or one weight bucket at a time
+        self._aborted: set[str] = set()
+        self._running = 0
+        self._waiting = 0
+        self._tokens = 0
+        self._busy = 0.0
+        self._sleeping = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- generation ---------------------------------------------------------------------
+    async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
+        for request in requests:
+            self._check(request)
+        pending = list(requests)
+        self._waiting += len(pending)
+        try:
+            while pending:
+                chunk, pending = pending[:self.max_batch_size], pending[self.max_batch_size:]
+                self._waiting -= len(chunk)
+                for request in [r for r in chunk if r.request_id in self._aborted]:
+                    self._aborted.discard(request.request_id)  # aborted before it started
+                    chunk.remove(request)
+                    yield _Row(request).result("abort")
+                async for result in self._decode(chunk):
+                    yield result
+        finally:
+            self._waiting -= len(pending)
+
+    def _check(self, request: GenerationRequest) -> None:
+        total = len(request.prompt_ids) + request.sampling.max_new_tokens
+        if total > self.max_positions:
+            raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
+                             f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
+                             f"exceeds the model's {self.max_positions} positions")
+        if len(request.resume_logprobs) != len(request.resume_ids) or \
+                len(request.resume_versions) != len(request.resume_ids):
+            raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
+                             "differ in length")
+
+    async def _decode(self, chunk: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
+        if self._sleeping:
+            raise RuntimeError("generate called on a sleeping engine; call wake() first")
+        rows = [_Row(r) for r in chunk]
+        self._running += len(rows)
+        try:
+            state = await asyncio.to_thread(self._prefill, rows)
+            while rows:
+                for result in await asyncio.to_thread(self._step, rows, state):
+                    self._running -= 1
+                    yield result
+        finally:
+            self._running -= len(rows)
+            for row in rows:
+                self._aborted.discard(row.request.request_id)
+
+    def _prefill(self, rows: list[_Row]) -> dict:
+        """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
+        sequences = [row.request.prompt_ids + row.tokens for row in rows]
+        width = max(map(len, sequences))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            ids[i, width - len(seq):] = torch.tensor(seq)
+            mask[i, width - len(seq):] = 1
+        state = {"mask": mask.to(self.device), "cache": DynamicCache()}
+        state["logits"] = self._forward(ids.to(self.device), state)
+        return state
+
+    def _forward(self, ids: torch.Tensor, state: dict) -> torch.Tensor:
+        mask = state["mask"]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        with self._lock, torch.no_grad():
+            started = time.perf_counter()
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=state["cache"], use_cache=True)
+            self._busy += time.perf_counter() - started
+        return out.logits[:, -1, :]
+
+    def _step(self, rows: list[_Row], state: dict) -> list[GenerationResult]:
+        """Sample one token for every row, take finished rows out of `rows` and the KV cache,
+        and run the next forward pass for the rest. Returns the finished rows' results."""
+        version = self._version
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):  # rows with the same sampling settings sample together
+            s = row.request.sampling
+            groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+        next_tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
+        for (temperature, top_k, top_p), index in groups.items():
+            idx = torch.tensor(index, device=self.device)
+            tokens, logprobs = sample(state["logits"][idx], temperature=temperature, top_k=top_k,
+                                      top_p=top_p, generator=self.generator)
+            next_tokens[idx] = tokens
+            for j, token, logprob in zip(index, tokens.tolist(), logprobs.tolist()):
+                rows[j].tokens.append(token)
+                rows[j].logprobs.append(logprob)
+                rows[j].versions.append(version)
+        self._tokens += len(rows)
+        reasons = [self._finish_reason(row) for row in rows]
+        finished = [row.result(reason) for row, reason in zip(rows, reasons) if reason]
+        keep = [i for i, reason in enumerate(reasons) if reason is None]
+        rows[:] = [rows[i] for i in keep]
+        for result in finished:
+            self._aborted.discard(result.request_id)
+        if keep:
+            if finished:  # shrink the batch: finished rows cost nothing from here on
+                index = torch.tensor(keep, device=self.device)
+                state["cache"].batch_select_indices(index)
+                state["mask"] = state["mask"][index]
+                next_tokens = next_tokens[index]
+            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(len(keep), 1)], -1)
+            state["logits"] = self._forward(next_tokens[:, None], state)
+        return finished
+
+    def _finish_reason(self, row: _Row) -> str | None:
+        s = row.request.sampling
+        if row.request.request_id in self._aborted:
+            return "abort"
+        if row.tokens[-1] in s.stop_token_ids:
+            return "stop"
+        if len(row.tokens) >= s.max_new_tokens:
+            return "length"
+        return None
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        self._aborted.update(request_ids)
+
+    # ---- weights and memory ----------------------------------------------------------------
+    async def load_weights(self, version: int,
+                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+        await asyncio.to_thread(self._load, version, buckets)
+
+    def _load(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+        targets = self.model.state_dict(keep_vars=True)
+        seen: set[str] = set()
+        for bucket in buckets:
+            unknown = [name for name in bucket if name not in targets]
+            if unknown:
+                raise KeyError(f"weights {unknown[:3]} do not belong to this model")
+            with self._lock, torch.no_grad():
+                for name, tensor in bucket.items():
+                    targets[name].data.copy_(tensor.to(self.device))
+            seen.update(bucket)
+        missing = {name for name, t in targets.items() if isinstance(t, torch.nn.Parameter)}
+        missing -= seen
+        if missing and not self._tied_only(missing, seen):
+            raise KeyError(f"weight update for version {version} lacks {sorted(missing)[:3]}")
+        self._version = version
+
+    def _tied_only(self, missing: set[str], seen: set[str]) -> bool:
+        """A tied output head needs no separate tensor when its embedding was loaded."""
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        return tied and missing <= {"lm_head.weight"} and "model.embed_tokens.weight" in seen
+
+    async def sleep(self) -> None:
+        with self._lock:
+            self.model.to("cpu")
+            self._sleeping = True
+        self.platform.release_memory()
+
+    async def wake(self) -> None:
+        self.platform.restore_memory()
+        with self._lock:
+            self.model.to(self.device)
+            self._sleeping = False
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
+                           tokens_generated=self._tokens, busy_seconds=self._busy,
+                           sleeping=self._sleeping)

@@ -1,0 +1,53 @@
+"""The training-engine contract. One engine instance per data-parallel rank; every method that
+touches the model is collective across the ranks of one trainer (all ranks call it)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterator, Protocol
+
+import torch
+
+from ...core.batch import TrainBatch
+
+
+class LossFn(Protocol):
+    def __call__(self, logprobs: torch.Tensor, batch: TrainBatch, total_tokens: int,
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """`logprobs` [B, L] from the current policy for this micro-batch; `total_tokens` is the
+        number of loss tokens in the whole step across all ranks, so the sum of per-micro-batch
+        losses is a token-level mean over the global batch whatever the split."""
+
+
+class TrainEngine(abc.ABC):
+    version: int  # policy version of the current weights; +1 per optimizer step
+
+    @abc.abstractmethod
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, L] log-probs of `batch.input_ids` under the current weights (no grad)."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over this rank's share of the batch."""
+
+    @abc.abstractmethod
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Full (unsharded) weights in HF names, streamed in buckets of about `bucket_bytes`.
+        Collective; only rank 0 yields tensors."""
+
+    @abc.abstractmethod
+    def save(self, path: str) -> None:
+        """HF safetensors model (plain transformers loads it) + optimizer state."""
+
+    @abc.abstractmethod
+    def load(self, path: str) -> None:
+        ...
+
+    @abc.abstractmethod
+    def offload(self) -> None:
+        """Move weights and optimizer state to host memory."""
+
+    @abc.abstractmethod
+    def onload(self) -> None:
+        ...
+

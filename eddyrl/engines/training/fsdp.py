@@ -1,0 +1,300 @@
+"""The FSDP2 training engine: one instance per data-parallel rank, on any platform.
+
+The model is a plain Hugging Face causal LM; parallelism is applied afterwards: `fully_shard` on
+each decoder layer, then on the root (which also holds the embeddings, the final norm and the LM
+head, so tied input/output embeddings stay one parameter in one FSDP group). Everything
+device-specific (process group, mesh, device, seeding, kernels) comes from the `Platform`.
+
+Data-parallel exactness: the loss function divides by the global loss-token count (all-reduced
+here), so each rank's loss is its share of one global token mean, and the gradient we want is the
+SUM of the ranks' gradients. FSDP2's reduce-scatter AVERAGES them, so each backward is scaled by
+`world_size`; N ranks then take the same optimizer step as one rank on the whole batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import shutil
+from typing import Iterator
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from ...core.batch import TrainBatch
+from ...errors import ConfigError
+from ...hal import Platform, iter_buckets
+from ...hal import distributed as hd
+from .base import LossFn, TrainEngine
+
+OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state
+ENGINE_STATE_FILE = "eddy_train_state.json"
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
+                   "merges.txt", "chat_template*")
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _resolve_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in DTYPES:
+        raise ConfigError(f"param_dtype = {value!r} is not one of {sorted(DTYPES)} (or None)")
+    return DTYPES[value]
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks, found by the class names HF lists as never-to-be-split."""
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found "
+                         f"(_no_split_modules = {sorted(block_names)})")
+    return layers
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Tied names -> the name the first owner uses (e.g. lm_head.weight -> embed_tokens)."""
+    first_name: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owner = first_name.setdefault(id(param), name)
+        if owner != name:
+            aliases[name] = owner
+    return aliases
+
+
+class FSDPTrainEngine(TrainEngine):
+    """`micro_batch_size`: rows per forward/backward (gradients accumulate over a step);
+    `grad_clip`: max global grad norm, None or 0 to only measure it; `param_dtype`: compute
+    dtype of the gathered weights (bf16 ...), None for fp32; `temperature`: the sampler's."""
+
+    def __init__(self, model_path: str, platform: Platform, rank: int, world_size: int,
+                 init_method: str, lr: float = 1e-6, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), grad_clip: float | None = 1.0,
+                 micro_batch_size: int = 8, param_dtype: torch.dtype | str | None = None,
+                 seed: int = 0, temperature: float = 1.0, local: bool = True,
+                 timeout_s: float = 600.0) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size = {micro_batch_size!r}: must be >= 1")
+        if temperature <= 0:
+            raise ConfigError(f"temperature = {temperature!r}: must be > 0")
+        self.model_path, self.platform = model_path, platform
+        self.rank, self.world_size = rank, world_size
+        self.grad_clip, self.micro_batch_size = grad_clip, micro_batch_size
+        self.temperature, self.version = temperature, 0
+        # A runtime may already have joined the group (e.g. to share it); then it owns it.
+        self._owns_group = not hd.is_initialized()
+        if self._owns_group:
+            platform.init_process_group(rank, world_size, init_method, timeout_s, local=local)
+        platform.manual_seed(seed)
+        self.device = platform.device(platform.local_rank())
+        self.mesh = platform.device_mesh((world_size,), ("dp",))
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = platform.apply_model_patches(model)
+        self._aliases = _aliases(model)
+        mp_policy = self._mixed_precision(_resolve_dtype(param_dtype))
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=self.mesh, mp_policy=mp_policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=mp_policy)  # moves shards to the device
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas),
+                                           weight_decay=weight_decay)
+
+    def _mixed_precision(self, dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+        if dtype is None or dtype == torch.float32:
+            return MixedPrecisionPolicy()
+        if not self.platform.supports_dtype(dtype):
+            raise ConfigError(f"param_dtype = {dtype} is not supported on platform "
+                              f"{self.platform.name!r}; use None (fp32)")
+        # Gradients are reduced and accumulated in fp32: bf16 sums over ranks lose the tail.
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+    # ---- micro-batches ------------------------------------------------------------------
+    def _micro_batches(self, batch: TrainBatch) -> list[tuple[TrainBatch, bool]]:
+        """This rank's rows in micro-batches, padded with empty ones (flag True) to the count of
+        the busiest rank: FSDP forward/backward are collectives, so every rank must run the same
+        number. At least one, so that a rank with no rows still takes part."""
+        mbs = self.micro_batch_size
+        mine = math.ceil(len(batch) / mbs)
+        count = int(hd.all_reduce(torch.tensor([max(mine, 1)]), op="max").item())
+        micro = [(batch.select(slice(i * mbs, (i + 1) * mbs)), False) for i in range(mine)]
+        return micro + [(self._padding_row(batch), True)] * (count - mine)
+
+    @staticmethod
+    def _padding_row(batch: TrainBatch) -> TrainBatch:
+        """One row that trains nothing: loss mask 0; attention on, so no fully masked row."""
+        row = {f.name: None if getattr(batch, f.name) is None else
+               torch.zeros((1, *getattr(batch, f.name).shape[1:]),
+                           dtype=getattr(batch, f.name).dtype)
+               for f in dataclasses.fields(batch)}
+        row["attention_mask"] = torch.ones_like(row["attention_mask"])
+        return TrainBatch(**row)
+
+    def _logprobs(self, micro: TrainBatch) -> torch.Tensor:
+        """[B, L] log p(input_ids[t] | input_ids[:t]) at temperature; position 0 gets 0."""
+        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                            use_cache=False).logits
+        # Divided by the temperature first, because the sampler reports log-probs of the
+        # temperature-scaled distribution. Simplified: the full [B, L, V] fp32 log-softmax; a
+        # chunked one would save memory at large vocabularies.
+        logp = torch.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)
+        token_logp = logp.gather(-1, micro.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return torch.nn.functional.pad(token_logp, (1, 0))
+
+    # ---- the contract -------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        rows = []
+        for micro, padding in self._micro_batches(batch):
+            logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
+            if not padding:
+                rows.append(logprobs)
+        if not rows:
+            return torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
+        return torch.cat(rows).to(batch.input_ids.device)
+
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        self.model.train()
+        # float64: a float32 count stops being exact past 2**24 tokens per step.
+        local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
+        total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item()))
+        loss_sum, metric_sums = 0.0, {}
+        for micro, padding in self._micro_batches(batch):
+            micro = micro.to(self.device)
+            loss, metrics = loss_fn(self._logprobs(micro), micro, total_tokens)
+            # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
+            (loss * self.world_size).backward()
+            tokens = 0.0 if padding else float(micro.loss_mask.sum())
+            loss_sum += float(loss.detach())
+            for name, value in metrics.items():
+                metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # DTensor grads give a DTensor norm
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        # No loss tokens anywhere, or a non-finite norm: skip the update (Adam's momentum would
+        # still move the weights) but not the version, so versions keep counting steps.
+        if total_tokens > 0 and math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+
+        names = sorted(metric_sums)
+        sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
+                                          dtype=torch.float64), op="sum").tolist()
+        out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens)}
+        out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
+        return out
+
+    @torch.no_grad()
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Every rank must drain the iterator: each tensor is gathered when rank 0 reaches it."""
+        named = self._full_tensors()
+        if self.rank != 0:
+            for _ in named:  # still take part in every gather
+                pass
+            return
+        yield from iter_buckets(named, bucket_bytes)
+
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF names and full tensors, gathered one at a time so only one bucket is resident.
+        A tied weight appears under both names (HF state_dict keys); gathering it twice is the
+        price of not holding it until its alias comes round."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        final = os.path.abspath(path)
+        staging = final + ".tmp"
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.makedirs(staging)
+        hd.barrier()
+        full = get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))  # collective; rank 0 gets the tensors
+        # Before the first step the optimizer has no state; asking for its state dict would
+        # create it with step = 1 and change the next update, so record its absence instead.
+        has_optim = bool(self.optimizer.state)
+        if has_optim:
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                     checkpoint_id=os.path.join(staging, OPTIM_DIR))
+        if self.rank == 0:
+            self.model.save_pretrained(staging, state_dict=full)
+            for pattern in TOKENIZER_FILES:
+                for source in glob.glob(os.path.join(self.model_path, pattern)):
+                    shutil.copy2(source, staging)
+            with open(os.path.join(staging, ENGINE_STATE_FILE), "w") as f:
+                json.dump({"version": self.version, "optimizer_state": has_optim}, f)
+            _replace_dir(staging, final)
+        hd.barrier()
+
+    def load(self, path: str) -> None:
+        path = os.path.abspath(path)
+        with open(os.path.join(path, ENGINE_STATE_FILE)) as f:
+            state = json.load(f)
+        full: dict[str, torch.Tensor] = {}
+        if self.rank == 0:  # the others receive it by broadcast
+            for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+                full.update(load_file(file))
+            for alias, owner in self._aliases.items():  # HF drops tied copies on save
+                full.setdefault(alias, full[owner])
+        set_model_state_dict(self.model, full, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True))
+        self.optimizer.state.clear()
+        if state["optimizer_state"]:
+            optim = get_optimizer_state_dict(self.model, self.optimizer)  # the sharded template
+            dcp.load({"optimizer": optim}, checkpoint_id=os.path.join(path, OPTIM_DIR))
+            set_optimizer_state_dict(self.model, self.optimizer, optim)
+        self.version = int(state["version"])
+        hd.barrier()
+
+    # ---- memory -------------------------------------------------------------------------
+    def offload(self) -> None:
+        self._move_to(torch.device("cpu"))
+        self.platform.release_memory(("weights",))
+
+    def onload(self) -> None:
+        self.platform.restore_memory(("weights",))
+        self._move_to(self.device)
+
+    def _move_to(self, device: torch.device) -> None:
+        self.model.to(device)
+        for param_state in self.optimizer.state.values():
+            for key, value in param_state.items():
+                # 0-dim tensors are Adam's step counters, which live on the host by design.
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    param_state[key] = value.to(device, non_blocking=True)
+        self.platform.synchronize()
+
+    def close(self) -> None:
+        if self._owns_group:
+            hd.destroy()
+
+
+def _replace_dir(staging: str, final: str) -> None:
+    """Put `staging` at `final`. A rename is atomic; replacing an existing directory needs two,
+    so a crash in between leaves the previous checkpoint at `final`.old, never half a one."""
+    previous = final + ".old"
+    shutil.rmtree(previous, ignore_errors=True)
+    if os.path.exists(final):
+        os.rename(final, previous)
+    os.rename(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)

@@ -1,0 +1,121 @@
+"""`eddy train`: build everything a run needs from its config, drive the controller, and leave
+metrics, a checkpoint and a summary in the run directory."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import EddyConfig, to_yaml
+from .core.controller import Controller, LoopSettings
+from .core.rewarding import SafeReward, load_reward_fn
+from .engines.inference.base import SamplingParams
+from .runtime.placement import resolve_role_platforms
+from .tasks.prompts import PromptSet, load_splits
+
+
+def resolve_run_dir(config: EddyConfig) -> Path:
+    if config.run_dir:
+        return Path(config.run_dir)
+    return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+class MetricsFile:
+    """Appends one JSON object per line; flushed each step so a crash loses nothing logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a", encoding="utf-8")
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        self.file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def prepare(config: EddyConfig, model_path: str, data_dir: Path):
+    """Tokenizer, prompt sets, loop settings and the guarded reward function of a run."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    data = config.data
+    train_rows, eval_rows, train_src, eval_src = load_splits(data, data_dir, config.seed)
+    train_set = PromptSet.from_rows(train_rows, train_src, tokenizer, data.max_prompt_tokens,
+                                    data.prompt_overflow)
+    eval_set = PromptSet.from_rows(eval_rows, eval_src, tokenizer, data.max_prompt_tokens,
+                                   data.prompt_overflow)
+    rollout = config.rollout
+    settings = LoopSettings(
+        loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
+        seed=config.seed, pad_id=tokenizer.pad_token_id,
+        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
+                                temperature=rollout.temperature, top_p=rollout.top_p,
+                                top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
+    return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn))
+
+
+def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> dict[str, float]:
+    """Held-out accuracy of a saved model, with the same evaluation as `eddy train`."""
+    from .engines.registry import load_engine_class
+    from .hal import get_platform
+    from .models.config import ModelConfig
+    from .runtime.inprocess import InProcessRuntime
+
+    model_path = ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
+    tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
+    platform = get_platform(config.rollout.platform or config.platform)
+    engine = load_engine_class("rollout", config.rollout.engine)(
+        model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
+    controller = Controller(InProcessRuntime(engine), settings, train_set, eval_set,
+                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                            reward=reward)
+    result = asyncio.run(controller.evaluate())
+    return {**result, "eval_prompts": len(eval_set.prompts), "reward_errors": reward.errors}
+
+
+def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda m: None,
+          ) -> Path:
+    """Run RL training as configured; returns the path of `summary.json`."""
+    from .runtime.ray import RayRuntime
+
+    started = time.monotonic()
+    resolve_role_platforms(config)  # fail fast, in one sentence, if a platform is absent
+    run_dir = resolve_run_dir(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    model_path = config.model.resolve()
+    tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
+                                                               run_dir / "data")
+    metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+
+    def log(metrics: dict[str, Any]) -> None:
+        metrics = {**metrics, "wall_s": time.monotonic() - started}
+        metrics_file(metrics)
+        on_step(metrics)
+
+    runtime = RayRuntime(config, model_path, str(run_dir))
+    try:
+        controller = Controller(runtime, settings, train_set, eval_set,
+                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                reward=reward, log=log)
+        summary = asyncio.run(_run_and_save(controller, runtime, run_dir / "checkpoint"))
+    finally:
+        runtime.shutdown()
+        metrics_file.close()
+    summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
+                   checkpoint=str(run_dir / "checkpoint"),
+                   prompts_truncated=train_set.truncated + eval_set.truncated)
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+async def _run_and_save(controller: Controller, runtime, checkpoint: Path) -> dict[str, Any]:
+    summary = await controller.run()
+    await runtime.save(str(checkpoint))
+    return summary

@@ -1,0 +1,22 @@
+"""Where workers run: the Ray cluster section of the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..validation import check_range
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    # None: start Ray on this machine, bound to loopback. "auto" or "host:port": join a cluster.
+    address: str | None = None
+    num_cpus: int | None = None  # CPUs Ray may use when it starts locally (None: all)
+    threads_per_worker: int = 0  # host threads per worker process (0: all cores)
+    timeout_s: float = 600.0  # longest wait for any worker call or collective before an error
+
+    def validate(self, prefix: str) -> None:
+        if self.num_cpus is not None:
+            check_range(f"{prefix}.num_cpus", self.num_cpus, 1)
+        check_range(f"{prefix}.threads_per_worker", self.threads_per_worker, 0)
+        check_range(f"{prefix}.timeout_s", self.timeout_s, 0, lo_open=True)

@@ -1,0 +1,130 @@
+"""The processes of a run: a rollout worker wraps an inference engine, a trainer rank wraps a
+training engine. Both are plain classes; `runtime/ray.py` turns them into Ray actors."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config import EddyConfig
+from ..core.batch import TrainBatch
+from ..core.losses import make_policy_loss
+from ..engines.inference.base import GenerationRequest, GenerationResult
+from ..engines.registry import load_engine_class
+from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
+
+
+def _set_threads(config: EddyConfig) -> None:
+    torch.set_num_threads(config.cluster.threads_per_worker or os.cpu_count() or 1)
+
+
+class RolloutWorker:
+    def __init__(self, config: EddyConfig, index: int, model_path: str) -> None:
+        _set_threads(config)
+        self.config = config
+        self.platform = get_platform(config.rollout.platform or config.platform)
+        self.train_platform = get_platform(config.train.platform or config.platform,
+                                           require_available=False)
+        os.environ.update(self.platform.inference_engine_env())
+        engine_cls = load_engine_class("rollout", config.rollout.engine)
+        self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
+                                 max_batch_size=config.rollout.max_batch_size)
+        self.channel: WeightChannel | None = None
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return [result async for result in self.engine.generate(requests)]
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
+        self.channel = open_weight_channel(self.train_platform, self.platform, rank=rank,
+                                           world_size=world, rendezvous=rendezvous, kind=kind,
+                                           timeout_s=self.config.cluster.timeout_s)
+
+    async def load_weights(self, version: int, specs: list[BucketSpec]) -> int:
+        """Receive each bucket through the channel and load it; returns the new version."""
+        assert self.channel is not None, "connect_weight_channel was not called"
+        await self.engine.load_weights(version, (self.channel.receive(s) for s in specs))
+        return self.engine.version
+
+    def stats(self):
+        return self.engine.stats()
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake(self) -> None:
+        await self.engine.wake()
+
+
+class TrainerRank:
+    def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str,
+                 model_path: str) -> None:
+        _set_threads(config)
+        self.config = config
+        self.rank = rank
+        self.platform = get_platform(config.train.platform or config.platform)
+        self.rollout_platform = get_platform(config.rollout.platform or config.platform,
+                                             require_available=False)
+        train, algo = config.train, config.algorithm
+        temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
+        engine_cls = load_engine_class("train", train.engine)
+        self.engine = engine_cls(
+            model_path, self.platform, rank=rank, world_size=world, init_method=init_method,
+            lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+            micro_batch_size=train.micro_batch_size, seed=config.seed, temperature=temperature,
+            local=config.cluster.address is None, timeout_s=config.cluster.timeout_s)
+        self.loss_fn = make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                        kl_coef=algo.kl_coef)
+        self.channel: WeightChannel | None = None
+
+    def train(self, batch: TrainBatch) -> dict[str, float]:
+        """The RL update on this rank's rows: `mini_batches` optimizer steps, plus how far the
+        trainer's log-probs are from the sampler's on the same tokens (before the update)."""
+        metrics = self._logprob_mismatch(batch)
+        chunks = self.config.train.mini_batches
+        size = -(-len(batch) // chunks) if len(batch) else 0
+        for index in range(chunks):
+            part = batch.select(slice(index * size, (index + 1) * size))
+            step = self.engine.train_step(part, self.loss_fn)
+            metrics.update({k: v / chunks + metrics.get(k, 0.0) for k, v in step.items()})
+        return metrics
+
+    def _logprob_mismatch(self, batch: TrainBatch) -> dict[str, float]:
+        mask = batch.loss_mask.bool()
+        if not mask.any():
+            self.engine.compute_logprobs(batch)  # collective: every rank must take part
+            return {"mismatch_abs_max": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": 0.0}
+        diff = (self.engine.compute_logprobs(batch).cpu() - batch.old_logprobs)[mask].abs()
+        return {"mismatch_abs_max": float(diff.max()), "mismatch_abs_sum": float(diff.sum()),
+                "mismatch_tokens": float(mask.sum())}
+
+    def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
+        if self.rank == 0:
+            self.channel = open_weight_channel(self.platform, self.rollout_platform, rank=rank,
+                                               world_size=world, rendezvous=rendezvous,
+                                               kind=kind, timeout_s=self.config.cluster.timeout_s)
+
+    def describe_weights(self) -> list[BucketSpec]:
+        """Host channels: the buckets themselves (rank 0); collective: after `send_weights`."""
+        bucket_bytes = self.config.train.bucket_mb * 2**20
+        buckets = list(self.engine.export_weights(bucket_bytes))  # collective on all ranks
+        if self.rank != 0 or self.channel is None:
+            return []
+        self._outgoing = buckets
+        return [self.channel.describe(bucket) for bucket in buckets]
+
+    def send_weights(self) -> None:
+        """The sending half of a collective transfer (a no-op for host channels)."""
+        if self.rank == 0 and self.channel is not None:
+            for bucket in self._outgoing:
+                self.channel.send(bucket)
+        self._outgoing = []
+
+    def save(self, path: str) -> None:
+        self.engine.save(path)
+
+    def version(self) -> int:
+        return self.engine.version

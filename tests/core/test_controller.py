@@ -1,0 +1,96 @@
+"""The controller's loop logic, driven through an in-process runtime (real `hf` engine, a
+recording trainer): groups stay whole, rewards are scored, versions advance, dynamic sampling
+refills, reward errors are counted and the run goes on."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from eddyrl.core.config import AlgorithmConfig, LoopConfig
+from eddyrl.core.controller import Controller, LoopSettings
+from eddyrl.core.rewarding import SafeReward
+from eddyrl.engines.inference.base import SamplingParams
+from eddyrl.engines.inference.hf import HFInferenceEngine
+from eddyrl.hal import get_platform
+from eddyrl.runtime.inprocess import InProcessRuntime
+from eddyrl.tasks.prompts import PromptSet
+
+
+class RecordingRuntime(InProcessRuntime):
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.batches, self.synced = [], []
+
+    async def train(self, batch):
+        self.batches.append(batch)
+        return {"loss": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": float(batch.num_tokens())}
+
+    async def sync_weights(self, version):
+        self.synced.append(version)
+
+
+@pytest.fixture()
+def setup(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [{"prompt": f"add {i} {i}", "answer": str(2 * i)} for i in range(12)]
+    prompts = PromptSet.from_rows(rows, "rows", tokenizer, 64, "error")
+    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=0)
+    return tokenizer, prompts, RecordingRuntime(engine)
+
+
+def _controller(setup, reward_fn, *, dynamic=False, steps=2):
+    tokenizer, prompts, runtime = setup
+    settings = LoopSettings(
+        loop=LoopConfig(steps=steps, batch_prompts=3, eval_every=0),
+        algorithm=AlgorithmConfig(dynamic_sampling=dynamic, max_refill_rounds=2),
+        sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
+        n_samples=4, seed=0, pad_id=tokenizer.pad_token_id)
+    return Controller(runtime, settings, prompts, prompts,
+                      decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                      reward=SafeReward(reward_fn))
+
+
+def test_sync_loop_trains_whole_groups_and_advances_versions(setup):
+    calls = []
+
+    def reward(response, answer):
+        calls.append(response)
+        return float(len(calls) % 2)  # alternating rewards: every group informative
+
+    controller = _controller(setup, reward)
+    summary = asyncio.run(controller.run())
+    runtime = setup[2]
+    assert runtime.synced == [1, 2] and controller.version == 2
+    assert [len(b) for b in runtime.batches] == [12, 12]  # 3 groups x 4 responses each
+    assert all(set(b.versions[b.loss_mask.bool()].tolist()) == {0} for b in runtime.batches)
+    assert summary["steps"] == 2 and summary["samples_trained"] == 24
+    assert [m["step"] for m in controller.history] == [0, 1, 2]
+    assert "eval_accuracy" in controller.history[0] and "eval_accuracy" in controller.history[-1]
+    assert summary["tokens_generated"] == sum(m["gen_tokens"] for m in controller.history[1:])
+
+
+def test_dynamic_sampling_drops_uniform_groups_and_refills(setup):
+    def reward(response, answer):
+        return 1.0 if answer in ("0", "2") else 0.0  # only prompts 0 and 1 always succeed
+
+    controller = _controller(setup, reward, dynamic=True, steps=1)
+    metrics = asyncio.run(controller.step(controller.train_prompts.batches(3, 0)))
+    assert metrics["skipped"] == 1  # every group uniform: nothing to learn, no step taken
+    assert metrics["groups_generated"] == 9  # 1 round + 2 refill rounds of 3 prompts
+    assert setup[2].batches == [] and controller.version == 0
+
+
+def test_reward_errors_are_counted_and_the_run_continues(setup):
+    def reward(response, answer):
+        if answer == "4":
+            raise RuntimeError("grader crashed")
+        return 0.5
+
+    controller = _controller(setup, reward, steps=1)
+    summary = asyncio.run(controller.run())
+    assert summary["steps"] == 1
+    # prompt "add 2 2" is scored 4 times per rollout it appears in, eval included
+    assert summary["reward_errors"] >= 1 and controller.reward.errors == summary["reward_errors"]
+    assert "grader crashed" in controller.reward.last_errors[-1]

@@ -1,0 +1,59 @@
+"""Shared by the FSDP engine tests (also imported by their spawned workers): the tiny model on
+disk and a training batch whose rows carry different numbers of loss tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from eddyrl.core.batch import TrainBatch
+
+# Rows: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
+# differ, so normalising per rank or per micro-batch instead of globally changes the result.
+ROWS = ((3, 6), (4, 2), (2, 5), (5, 1))
+LENGTH = 10
+
+
+def save_tiny_model(path: str, seed: int = 0) -> str:
+    from eddyrl.models.tiny import build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, seed).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def hf_logprobs(model_path: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                temperature: float = 1.0) -> torch.Tensor:
+    """The reference: a plain transformers forward and log_softmax, aligned like TrainBatch."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    out = torch.zeros(input_ids.shape)
+    out[:, 1:] = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return out
+
+
+def make_batch(model_path: str, seed: int = 0) -> TrainBatch:
+    """Old and reference log-probs are the model's own plus noise, so some ratios fall outside
+    the clip range and the KL term is non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = len(ROWS)
+    input_ids = torch.randint(5, 50, (rows, LENGTH), generator=gen)
+    attention_mask = torch.zeros(rows, LENGTH, dtype=torch.long)
+    loss_mask = torch.zeros(rows, LENGTH)
+    for row, (prompt, response) in enumerate(ROWS):
+        attention_mask[row, :prompt + response] = 1
+        loss_mask[row, prompt:prompt + response] = 1
+    input_ids = input_ids * attention_mask  # pad id 0 after each row
+    current = hf_logprobs(model_path, input_ids, attention_mask)
+    noise = lambda scale: scale * torch.randn(rows, LENGTH, generator=gen)  # noqa: E731
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+        old_logprobs=(current + noise(0.3)) * loss_mask,
+        advantages=torch.tensor([1.0, -0.5, -1.0, 2.0]).unsqueeze(1) * loss_mask,
+        sample_weights=torch.tensor([1.0, 0.5, 1.0, 0.25]),
+        versions=torch.where(loss_mask > 0, 0, -1),
+        ref_logprobs=(current + noise(0.1)) * loss_mask)

@@ -1,0 +1,126 @@
+"""The inference-engine contract, on the `hf` engine with the tiny model on the CPU."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.engines.inference.hf import HFInferenceEngine
+from eddyrl.hal import get_platform
+
+
+@pytest.fixture()
+def engine(tiny_model_dir):
+    return HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3)
+
+
+def _requests(n, max_new=12, prompt=(1, 35, 33, 19), temperature=1.0):
+    return [GenerationRequest(f"r{i}", list(prompt) + [5 + i % 7],
+                              SamplingParams(max_new_tokens=max_new + i, temperature=temperature))
+            for i in range(n)]
+
+
+async def _collect(engine, requests):
+    return [r async for r in engine.generate(requests)]
+
+
+def test_generate_returns_every_request_with_logprobs_and_versions(engine):
+    results = asyncio.run(_collect(engine, _requests(6)))
+    assert sorted(r.request_id for r in results) == [f"r{i}" for i in range(6)]
+    for r in results:
+        assert len(r.token_ids) == len(r.logprobs) == len(r.versions) > 0
+        assert set(r.versions) == {0}
+        assert r.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in r.logprobs)
+    stats = engine.stats()
+    assert stats.running == stats.waiting == 0
+    assert stats.tokens_generated == sum(len(r.token_ids) for r in results)
+
+
+def test_logprobs_agree_with_a_plain_forward(engine, tiny_model_dir):
+    """Same tokens, same weights: the sampler's log-probs equal a full recompute."""
+    results = asyncio.run(_collect(engine, _requests(8, max_new=20)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for r in results:
+        ids = torch.tensor([r.prompt_ids + r.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        p = len(r.prompt_ids)
+        expected = logp[p - 1:].gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert (expected - torch.tensor(r.logprobs)).abs().max().item() < 1e-4
+
+
+def test_abort_returns_partial_output(engine):
+    async def scenario():
+        requests = _requests(3, max_new=120)
+        stream = engine.generate(requests)
+        first = []
+
+        async def consume():
+            async for result in stream:
+                first.append(result)
+
+        task = asyncio.create_task(consume())
+        while engine.stats().tokens_generated < 9:
+            await asyncio.sleep(0.001)
+        await engine.abort(["r1"])
+        await task
+        return first
+
+    results = {r.request_id: r for r in asyncio.run(scenario())}
+    assert set(results) == {"r0", "r1", "r2"}
+    aborted = results["r1"]
+    assert aborted.finish_reason == "abort" and not aborted.finished
+    assert 0 < len(aborted.token_ids) < 121
+    assert len(aborted.token_ids) == len(aborted.logprobs) == len(aborted.versions)
+
+
+def test_resumed_request_keeps_its_history(engine):
+    first = asyncio.run(_collect(engine, _requests(1, max_new=6, temperature=0.0)))[0]
+    head = 3
+    resumed = GenerationRequest("again", first.prompt_ids, SamplingParams(max_new_tokens=6,
+                                                                          temperature=0.0),
+                                resume_ids=first.token_ids[:head],
+                                resume_logprobs=first.logprobs[:head],
+                                resume_versions=[9] * head)
+    out = asyncio.run(_collect(engine, [resumed]))[0]
+    assert out.token_ids == first.token_ids  # greedy: same continuation from the same prefix
+    assert out.versions[:head] == [9] * head and set(out.versions[head:]) == {0}
+    torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(first.logprobs))
+
+
+def test_load_weights_changes_outputs_and_version(engine, tiny_model_dir):
+    greedy = _requests(2, temperature=0.0)
+    before = asyncio.run(_collect(engine, greedy))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(11)
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    names = list(new)
+    buckets = [{k: new[k] for k in names[:10]}, {k: new[k] for k in names[10:]}]
+    asyncio.run(engine.load_weights(4, buckets))
+    after = asyncio.run(_collect(engine, greedy))
+    assert engine.version == 4 and all(set(r.versions) == {4} for r in after)
+    assert [r.token_ids for r in before] != [r.token_ids for r in after] or \
+        [r.logprobs for r in before] != [r.logprobs for r in after]
+    with pytest.raises(KeyError, match="do not belong"):
+        asyncio.run(engine.load_weights(5, [{"not.a.weight": torch.zeros(1)}]))
+    with pytest.raises(KeyError, match="lacks"):
+        asyncio.run(engine.load_weights(5, [{names[0]: new[names[0]]}]))
+    assert engine.version == 4
+
+
+def test_sleep_and_wake(engine):
+    asyncio.run(engine.sleep())
+    assert engine.stats().sleeping
+    with pytest.raises(RuntimeError, match="sleeping"):
+        asyncio.run(_collect(engine, _requests(1)))
+    asyncio.run(engine.wake())
+    assert len(asyncio.run(_collect(engine, _requests(2)))) == 2
+
+
+def test_too_long_request_is_refused_with_its_id(engine):
+    request = GenerationRequest("long", [1] * 250, SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="request long: prompt"):
+        asyncio.run(_collect(engine, [request]))

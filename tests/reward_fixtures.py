@@ -1,0 +1,6 @@
+"""Reward functions for tests: with a random tiny model the task reward is always 0, so tests
+that need a learning signal use one that differs between any two responses."""
+
+
+def length_reward(response: str, answer: str) -> float:
+    return len(response) / 50.0
