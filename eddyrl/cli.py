@@ -66,6 +66,21 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sft(ns: argparse.Namespace) -> int:
+    import torch
+
+    from .hal import get_platform
+    from .tasks.sft import run_sft
+
+    platform = get_platform(ns.platform)
+    torch.set_num_threads(ns.threads)  # the shipped warm start was made with one thread
+    metrics = run_sft(ns.out, steps=ns.steps, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed,
+                      device=platform.device(platform.local_rank()),
+                      early_stop_fraction=ns.early_stop_fraction)
+    print(json.dumps({**metrics, "out": ns.out}, indent=2, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
                                      "GPUs, Ascend NPUs and CPUs.")
@@ -78,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no argument: the bundled tiny model on the CPU)")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised warm start of the tiny model on the arith task "
+                       "(defaults reproduce eddyrl/assets/tiny_warmstart)")
+    p.add_argument("--out", required=True, help="directory for the HF-format checkpoint")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--early-stop-fraction", type=float, default=0.6,
+                   help="share of demonstrations that stop one number short (a careless habit "
+                   "for RL to unlearn)")
+    p.add_argument("--platform", default="auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="held-out accuracy of a saved model: <checkpoint> "
                        "[config.yaml] [key=value ...]")

@@ -27,3 +27,16 @@ def test_requested_absent_platform_is_a_clear_cli_error():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("eddy: error: config key 'platform' = 'tpu' is not allowed")
+
+
+def test_train_on_an_absent_accelerator_is_one_sentence():
+    cuda = get_platform("cuda", require_available=False)
+    if cuda.is_available():
+        import pytest
+
+        pytest.skip("cuda is present here")
+    out = subprocess.run([sys.executable, "-m", "eddyrl.cli", "train", "platform=cuda"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("eddy: error: platform 'cuda' was requested but is not usable "
+                                  f"here: {cuda.unavailable_reason()}")

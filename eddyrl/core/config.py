@@ -15,8 +15,8 @@ class AlgorithmConfig:
     clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
     kl_coef: float = 0.0  # KL to the initial (reference) policy; 0 = no reference model
     normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill the batch
-    max_refill_rounds: int = 3  # extra rollout rounds dynamic sampling may spend per step
+    dynamic_sampling: bool = True  # drop groups whose rewards are all equal (no signal)
+    max_refill_rounds: int = 0  # extra rollout rounds to refill the batch after dropping
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.clip_low", self.clip_low, 0, 1, lo_open=True, hi_open=True)
@@ -30,9 +30,9 @@ class AlgorithmConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LoopConfig:
-    steps: int = 40
-    batch_prompts: int = 32  # prompts (groups) per training step
-    eval_every: int = 10  # steps between held-out evaluations (0: only at start and end)
+    steps: int = 100
+    batch_prompts: int = 16  # prompts (groups) per training step
+    eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
     save_every: int = 0  # steps between checkpoints (0: only the final one)
 

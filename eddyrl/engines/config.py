@@ -23,7 +23,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
-    max_new_tokens: int = 48
+    max_new_tokens: int = 54  # the longest arith answer (12 terms) fits
     max_batch_size: int = 256  # sequences one worker decodes together
 
     def validate(self, prefix: str) -> None:
@@ -45,7 +45,7 @@ class TrainConfig:
     engine: str = "fsdp"
     platform: str | None = None  # None: the top-level `platform`
     num_workers: int = 1  # data-parallel ranks
-    lr: float = 2e-4
+    lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward on one rank

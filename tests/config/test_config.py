@@ -96,3 +96,11 @@ def test_shipped_configs_load():
     assert configs, "configs/ holds no YAML file"
     for path in configs:
         load_config(path)
+
+
+def test_tiny_cpu_yaml_spells_out_the_defaults():
+    """`eddy train` with no argument and configs/tiny_cpu.yaml must be the same run."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    assert load_config(path) == load_config(overrides=["platform=cpu"])

@@ -1,0 +1,1 @@
+"""Model builders. `tiny` is the default policy that `eddy train` runs with no arguments."""

@@ -1,0 +1,103 @@
+"""The embedded tiny policy: a character-level tokenizer and a small Qwen3 built locally.
+
+Nothing here touches a model hub. The tokenizer is one token per character so that any
+arithmetic trace round-trips exactly (spaces included), and the model is a real
+`Qwen3ForCausalLM`, so every engine that serves Qwen3 can serve it unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from .config import ASSETS
+
+PAD_TOKEN = "<|pad|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+UNKNOWN_TOKEN = "<|unk|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, END_OF_TEXT, UNKNOWN_TOKEN)
+
+# The shipped SFT warm start; `eddyrl/assets/tiny_warmstart/README.md` says how it was made.
+WARMSTART_DIR = ASSETS / "tiny_warmstart"
+
+# Longest prompt plus response the tiny policy is built for.
+MAX_POSITIONS = 256
+
+# Lower-case letters cover prompts and chat roles; the punctuation leaves room for other
+# small synthetic tasks without retraining the tokenizer.
+CHARACTERS = tuple(string.digits + string.ascii_lowercase + " \n+-*=#:.,?()")
+
+# Qwen-style chat layout. Newlines are emitted inside expressions because `{%-` would
+# strip a literal newline that precedes it.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TinyModelConfig:
+    """The shape of the embedded policy; ~0.8M parameters, a few MB in fp32.
+
+    head_dim is 32 because the vLLM CPU attention backend rejects smaller heads.
+    """
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    head_dim: int = 32
+    max_position_embeddings: int = MAX_POSITIONS
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A one-token-per-character tokenizer with a Qwen-like chat template."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNKNOWN_TOKEN))
+    # `[\s\S]` rather than `.`: the Oniguruma `.` does not match a newline.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        unk_token=UNKNOWN_TOKEN,
+        additional_special_tokens=[IM_START, END_OF_TEXT],
+        padding_side="left",
+        model_max_length=MAX_POSITIONS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int,
+    config: TinyModelConfig = TinyModelConfig(),
+) -> Qwen3ForCausalLM:
+    """A freshly initialised fp32 Qwen3 sized by `config`, with ids taken from `tokenizer`."""
+    qwen_config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+        **dataclasses.asdict(config),
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(qwen_config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    return model

@@ -1,0 +1,122 @@
+"""Supervised warm start for the tiny policy on arith demonstrations.
+
+The warm start is deliberately short: it teaches the response format and some arithmetic,
+leaving held-out accuracy modest so that RL has visible room to climb.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from eddyrl.models.tiny import TinyModelConfig, build_tiny_model, build_tokenizer
+from eddyrl.tasks.arith import (
+    ArithTaskConfig,
+    demonstration,
+    format_prompt,
+    generate_rows,
+    max_response_chars,
+    parse_prompt,
+)
+from eddyrl.tasks.evaluate import chat_prompt, evaluate
+
+IGNORE_INDEX = -100  # label value that cross_entropy skips: prompt and padding positions
+
+
+def demonstration_batch(
+    tokenizer: PreTrainedTokenizerFast,
+    rows: list[dict],
+    device: torch.device,
+    stop_early: list[bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+response ids with labels only on the response and its end token.
+    Where `stop_early[i]`, row i's demonstration leaves out the last number (a wrong answer)."""
+    sequences, label_rows = [], []
+    for i, row in enumerate(rows):
+        prompt_text = chat_prompt(tokenizer, row["prompt"])
+        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+        numbers = parse_prompt(row["prompt"])
+        if stop_early and stop_early[i]:
+            numbers = numbers[:-1]
+        response = demonstration(format_prompt(numbers))
+        response_ids = tokenizer.encode(response, add_special_tokens=False)
+        response_ids.append(tokenizer.eos_token_id)
+        sequences.append(prompt_ids + response_ids)
+        label_rows.append([IGNORE_INDEX] * len(prompt_ids) + response_ids)
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), IGNORE_INDEX)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (sequence, label_row) in enumerate(zip(sequences, label_rows)):
+        input_ids[i, : len(sequence)] = torch.tensor(sequence)
+        labels[i, : len(sequence)] = torch.tensor(label_row)
+        attention_mask[i, : len(sequence)] = 1
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def run_sft(
+    out_dir: Path | None,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    task: ArithTaskConfig = ArithTaskConfig(),
+    model_config: TinyModelConfig = TinyModelConfig(),
+    eval_count: int = 200,
+    early_stop_fraction: float = 0.0,
+) -> dict:
+    """Train a fresh tiny policy on demonstrations, save it to `out_dir` (HF format) if
+    given, and return metrics including greedy held-out accuracy.
+
+    `early_stop_fraction` of the demonstrations stop one number short, like a careless
+    annotator. The policy then learns both habits; greedy decoding often follows the careless
+    one, and RL with a correctness reward can teach it to finish the sum. This gives RL a
+    large, quick, verifiable gain to show, which 0.86M parameters on a CPU otherwise cannot
+    reach within minutes (see eddyrl/assets/tiny_warmstart/README.md for measurements)."""
+    started = time.monotonic()
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed, model_config).to(device)
+    model.train()
+    train_rows = generate_rows(steps * batch_size, seed, "train", task)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+
+    def warmup_then_cosine(step: int) -> float:
+        return min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine)
+    random.Random(seed).shuffle(train_rows)
+    early_stop_rng = random.Random(f"lazy-{seed}")
+    loss_value = float("nan")
+    for step in range(steps):
+        rows = train_rows[step * batch_size : (step + 1) * batch_size]
+        stop_early = [early_stop_rng.random() < early_stop_fraction for _ in rows]
+        batch = demonstration_batch(tokenizer, rows, device, stop_early)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        loss_value = loss.item()
+    model.eval()
+    eval_rows = generate_rows(eval_count, seed, "eval", task)
+    accuracy = evaluate(
+        model, tokenizer, eval_rows, max_new_tokens=max_response_chars(task) + 1, device=device
+    )
+    if out_dir is not None:
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+    return {
+        "final_loss": loss_value,
+        "eval_accuracy": accuracy,
+        "train_seconds": time.monotonic() - started,
+    }
