@@ -15,13 +15,16 @@ from ..engines.registry import load_engine_class
 from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
 
 
-def _set_threads(config: EddyConfig) -> None:
+def _prepare_process(config: EddyConfig) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-load bars from every worker drown the run's output
     torch.set_num_threads(config.cluster.threads_per_worker or os.cpu_count() or 1)
 
 
 class RolloutWorker:
     def __init__(self, config: EddyConfig, index: int, model_path: str) -> None:
-        _set_threads(config)
+        _prepare_process(config)
         self.config = config
         self.platform = get_platform(config.rollout.platform or config.platform)
         self.train_platform = get_platform(config.train.platform or config.platform,
@@ -62,7 +65,7 @@ class RolloutWorker:
 class TrainerRank:
     def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str,
                  model_path: str) -> None:
-        _set_threads(config)
+        _prepare_process(config)
         self.config = config
         self.rank = rank
         self.platform = get_platform(config.train.platform or config.platform)
@@ -78,12 +81,23 @@ class TrainerRank:
             local=config.cluster.address is None, timeout_s=config.cluster.timeout_s)
         self.loss_fn = make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
                                         kl_coef=algo.kl_coef)
+        # The KL reference is the initial policy: the same engine, sharded the same way, never
+        # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
+        self.reference = None
+        if algo.kl_coef > 0:
+            self.reference = engine_cls(
+                model_path, self.platform, rank=rank, world_size=world, init_method=init_method,
+                micro_batch_size=train.micro_batch_size, seed=config.seed,
+                temperature=temperature, local=config.cluster.address is None,
+                timeout_s=config.cluster.timeout_s)
         self.channel: WeightChannel | None = None
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """The RL update on this rank's rows: `mini_batches` optimizer steps, plus how far the
         trainer's log-probs are from the sampler's on the same tokens (before the update)."""
         metrics = self._logprob_mismatch(batch)
+        if self.reference is not None:
+            batch.ref_logprobs = self.reference.compute_logprobs(batch)
         chunks = self.config.train.mini_batches
         size = -(-len(batch) // chunks) if len(batch) else 0
         for index in range(chunks):

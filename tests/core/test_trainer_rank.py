@@ -1,0 +1,42 @@
+"""A trainer rank as the runtime drives it (no Ray): mini-batches, the KL reference, and the
+log-prob mismatch it reports."""
+
+import torch
+
+from eddyrl.config import load_config
+from eddyrl.runtime.workers import TrainerRank
+
+
+def _batch(model_dir):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+    from fsdp_helpers import make_batch
+
+    batch = make_batch(model_dir)
+    batch.ref_logprobs = None
+    return batch
+
+
+def test_kl_reference_and_mismatch(tiny_model_dir, tmp_path):
+    config = load_config(overrides=["platform=cpu", "algorithm.kl_coef=0.1", "train.lr=1e-3",
+                                    "train.mini_batches=2", f"model.path={tiny_model_dir}",
+                                    "cluster.threads_per_worker=1"])
+    rank = TrainerRank(config, 0, 1, f"file://{tmp_path}/pg", tiny_model_dir)
+    try:
+        batch = _batch(tiny_model_dir)
+        # the reference is the initial policy: before any step it equals the trained one
+        torch.testing.assert_close(rank.reference.compute_logprobs(batch),
+                                   rank.engine.compute_logprobs(batch))
+        first = rank.train(batch)
+        assert batch.ref_logprobs is not None
+        assert rank.engine.version == 2  # two mini-batches, two optimizer steps
+        # old_logprobs in the helper batch are noisy on purpose: the mismatch must show it
+        assert first["mismatch_abs_max"] > 0.1
+        second = rank.train(_batch(tiny_model_dir))
+        assert second["kl_ref"] > first["kl_ref"] >= 0  # the policy moves from the reference
+        assert rank.reference.version == 0
+    finally:
+        rank.engine.close()
+        rank.reference.close()
