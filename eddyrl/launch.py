@@ -19,9 +19,10 @@ from .tasks.prompts import PromptSet, load_splits
 
 
 def resolve_run_dir(config: EddyConfig) -> Path:
+    """Absolute: workers in other processes (and file:// rendezvous URLs) need it so."""
     if config.run_dir:
-        return Path(config.run_dir)
-    return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return Path(config.run_dir).resolve()
+    return (Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
 
 class MetricsFile:

@@ -18,13 +18,15 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.slow
 def test_eddy_train_cli_writes_metrics_summary_and_checkpoint(tiny_model_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "eddyrl.cli", "train", f"model.path={tiny_model_dir}",
-           f"run_dir={run_dir}", *SMALL]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+    # No run_dir, as in the README: the default is relative to the working directory.
+    cmd = [sys.executable, "-m", "eddyrl.cli", "train", f"model.path={tiny_model_dir}", *SMALL]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                          env={**os.environ, "EDDY_PLATFORM": "cpu",
                               "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    run_dir = runs[0]
     assert out.stdout.strip().splitlines()[-1] == str(run_dir / "summary.json")
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("initial_eval_accuracy", "final_eval_accuracy", "wall_seconds", "steps",

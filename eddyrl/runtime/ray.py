@@ -62,7 +62,8 @@ class RayRuntime:
         rollout_platform = config.rollout.platform or config.platform
         world = config.train.num_workers
         # File-based rendezvous: one machine's groups need no listening socket at all.
-        self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-", dir=work_dir)
+        self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
+                                               dir=os.path.abspath(work_dir))
         init_method = f"file://{self.rendezvous_dir}/trainer_group"
         trainer_cls = ray.remote(TrainerRank)
         self.trainers = [trainer_cls.options(**_actor_options(train_platform, cpus),
