@@ -23,6 +23,9 @@ class TrainBatch:
     sample_weights: torch.Tensor  # [B] float, e.g. 1 fresh, tau replayed
     versions: torch.Tensor  # [B, L] long, policy version of each token (-1 off the mask)
     ref_logprobs: torch.Tensor | None = None  # [B, L] for the KL term, when enabled
+    # [B, L] the proximal policy's log-probs (the trainer's weights at the start of this
+    # optimizer step, before any update); given, the loss is decoupled PPO (core/losses.py)
+    prox_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

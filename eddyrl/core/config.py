@@ -14,6 +14,11 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
     kl_coef: float = 0.0  # KL to the initial (reference) policy; 0 = no reference model
+    # Off-policy corrections (AReaL's decoupled PPO, DORA's truncated importance sampling):
+    decoupled: bool = False  # clip against the proximal policy (the trainer's weights at the
+    #                          start of each optimizer step), weight by prox/behaviour
+    tis_cap: float | None = None  # truncate that importance weight at this value (e.g. 2.0)
+    dual_clip: float | None = None  # bound the objective at dual_clip*A for A < 0 (e.g. 3.0)
     normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal (no signal)
     max_refill_rounds: int = 0  # extra rollout rounds to refill the batch after dropping
@@ -23,6 +28,10 @@ class AlgorithmConfig:
         check_range(f"{prefix}.clip_high", self.clip_high, 0, lo_open=True)
         check_range(f"{prefix}.kl_coef", self.kl_coef, 0)
         check_range(f"{prefix}.max_refill_rounds", self.max_refill_rounds, 0)
+        if self.tis_cap is not None:
+            check_range(f"{prefix}.tis_cap", self.tis_cap, 0, lo_open=True)
+        if self.dual_clip is not None:
+            check_range(f"{prefix}.dual_clip", self.dual_clip, 1, lo_open=True)
         if self.clip_high < self.clip_low:
             raise contradiction(f"{prefix}.clip_high ({self.clip_high}) < {prefix}.clip_low "
                                 f"({self.clip_low}); clip-higher needs clip_high >= clip_low")

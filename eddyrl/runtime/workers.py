@@ -80,7 +80,8 @@ class TrainerRank:
             micro_batch_size=train.micro_batch_size, seed=config.seed, temperature=temperature,
             local=config.cluster.address is None, timeout_s=config.cluster.timeout_s)
         self.loss_fn = make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                        kl_coef=algo.kl_coef)
+                                        kl_coef=algo.kl_coef, tis_cap=algo.tis_cap,
+                                        dual_clip=algo.dual_clip)
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
         self.reference = None
@@ -95,23 +96,30 @@ class TrainerRank:
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """The RL update on this rank's rows: `mini_batches` optimizer steps, plus how far the
         trainer's log-probs are from the sampler's on the same tokens (before the update)."""
-        metrics = self._logprob_mismatch(batch)
+        current = self.engine.compute_logprobs(batch)  # the weights before this update
+        metrics = self._logprob_mismatch(batch, current)
         if self.reference is not None:
             batch.ref_logprobs = self.reference.compute_logprobs(batch)
         chunks = self.config.train.mini_batches
         size = -(-len(batch) // chunks) if len(batch) else 0
         for index in range(chunks):
-            part = batch.select(slice(index * size, (index + 1) * size))
+            rows = slice(index * size, (index + 1) * size)
+            part = batch.select(rows)
+            if self.config.algorithm.decoupled:
+                # The proximal policy is the weights at the start of this optimizer step.
+                part.prox_logprobs = (current[rows] if index == 0
+                                      else self.engine.compute_logprobs(part))
             step = self.engine.train_step(part, self.loss_fn)
             metrics.update({k: v / chunks + metrics.get(k, 0.0) for k, v in step.items()})
         return metrics
 
-    def _logprob_mismatch(self, batch: TrainBatch) -> dict[str, float]:
+    @staticmethod
+    def _logprob_mismatch(batch: TrainBatch, current: torch.Tensor) -> dict[str, float]:
+        """How far the trainer's log-probs are from the sampler's on the same tokens."""
         mask = batch.loss_mask.bool()
         if not mask.any():
-            self.engine.compute_logprobs(batch)  # collective: every rank must take part
             return {"mismatch_abs_max": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": 0.0}
-        diff = (self.engine.compute_logprobs(batch).cpu() - batch.old_logprobs)[mask].abs()
+        diff = (current.cpu() - batch.old_logprobs)[mask].abs()
         return {"mismatch_abs_max": float(diff.max()), "mismatch_abs_sum": float(diff.sum()),
                 "mismatch_tokens": float(mask.sum())}
 

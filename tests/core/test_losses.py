@@ -13,7 +13,7 @@ from eddyrl.core.losses import make_policy_loss
 from eddyrl.errors import ConfigError
 
 
-def _batch(old, advantages, mask, weights=None, ref=None) -> TrainBatch:
+def _batch(old, advantages, mask, weights=None, ref=None, prox=None) -> TrainBatch:
     old, advantages, mask = (torch.tensor(x, dtype=torch.float32) for x in (old, advantages, mask))
     rows = mask.shape[0]
     return TrainBatch(input_ids=torch.zeros(mask.shape, dtype=torch.long),
@@ -21,7 +21,8 @@ def _batch(old, advantages, mask, weights=None, ref=None) -> TrainBatch:
                       old_logprobs=old, advantages=advantages,
                       sample_weights=torch.ones(rows) if weights is None else torch.tensor(weights),
                       versions=torch.zeros(mask.shape, dtype=torch.long),
-                      ref_logprobs=None if ref is None else torch.tensor(ref))
+                      ref_logprobs=None if ref is None else torch.tensor(ref),
+                      prox_logprobs=None if prox is None else torch.tensor(prox))
 
 
 def _logprobs_with_ratios(old, ratios):
@@ -126,7 +127,97 @@ def test_padding_with_any_logprob_gives_finite_loss_and_gradient():
 
 
 @pytest.mark.parametrize("kwargs", [{"clip_low": 1.0}, {"clip_high": -0.1}, {"kl_coef": -1.0},
-                                    {"tis_cap": 0.0}])
+                                    {"tis_cap": 0.0}, {"dual_clip": 1.0}])
 def test_bad_settings_name_the_key(kwargs):
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
         make_policy_loss(**kwargs)
+
+
+# Decoupled PPO, truncated importance sampling, dual clip.
+
+
+def test_on_policy_decoupled_is_the_plain_policy_gradient():
+    # prox = behaviour = current: r = 1 and w = 1 everywhere, so every mode is -sum(A) / N.
+    # A = (1, -2, 0.5), N = 3: loss = -(1 - 2 + 0.5) / 3 = 1/6; d loss / d logpi_t = -A_t / 3.
+    old, adv, mask = [[0.0, -1.0, -0.5, -2.0]], [[0.0, 1.0, -2.0, 0.5]], [[0.0, 1.0, 1.0, 1.0]]
+    coupled = torch.tensor(old, requires_grad=True)
+    decoupled = torch.tensor(old, requires_grad=True)
+    plain, _ = make_policy_loss()(coupled, _batch(old, adv, mask), 3)
+    loss, metrics = make_policy_loss(tis_cap=2.0, dual_clip=3.0)(
+        decoupled, _batch(old, adv, mask, prox=old), 3)
+    plain.backward()
+    loss.backward()
+    assert loss.item() == pytest.approx(1.0 / 6.0, abs=1e-6) and loss.item() == plain.item()
+    expected = torch.tensor([[0.0, -1.0 / 3.0, 2.0 / 3.0, -0.5 / 3.0]])
+    assert torch.allclose(decoupled.grad, expected, atol=1e-6)
+    assert torch.equal(decoupled.grad, coupled.grad)
+    assert metrics["tis_weight_mean"] == 1.0 and metrics["clip_fraction"] == 0.0
+    assert metrics["dual_clip_fraction"] == 0.0 and metrics["tis_truncated_fraction"] == 0.0
+
+
+def test_importance_weight_is_truncated_at_the_cap():
+    # logpi = prox (r = 1); prox / behaviour = 4, 0.5, 3 -> w = min(., 2) = 2, 0.5, 2. A = 1:
+    # loss = -(2 + 0.5 + 2) / 3 = -1.5; gradient -w A / N = -2/3, -1/6, -2/3.
+    # The last position is padding with prox = -inf: it must change nothing.
+    old = [[0.0, -2.0, -1.0, -3.0, 0.0]]
+    prox = [[0.0, -2.0 + math.log(4.0), -1.0 + math.log(0.5), -3.0 + math.log(3.0),
+             float("-inf")]]
+    logprobs = torch.tensor([row[:4] + [0.0] for row in prox], requires_grad=True)
+    batch = _batch(old, [[0.0, 1.0, 1.0, 1.0, 0.0]], [[0.0, 1.0, 1.0, 1.0, 0.0]], prox=prox)
+    loss, metrics = make_policy_loss(tis_cap=2.0)(logprobs, batch, 3)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.5, abs=1e-6)
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, -2 / 3, -1 / 6, -2 / 3, 0.0]]),
+                          atol=1e-6)
+    assert metrics["tis_weight_mean"] == pytest.approx(1.5, abs=1e-6)  # (2 + 0.5 + 2) / 3
+    assert metrics["tis_truncated_fraction"] == pytest.approx(2 / 3)
+    # No cap: the raw weights, -(4 + 0.5 + 3) / 3 = -2.5.
+    uncapped, metrics = make_policy_loss()(logprobs.detach(), batch, 3)
+    assert uncapped.item() == pytest.approx(-2.5, abs=1e-5)
+    assert metrics["tis_truncated_fraction"] == 0.0
+
+
+def test_dual_clip_bounds_only_negative_advantages_with_a_large_ratio():
+    # Coupled mode, clip 0.2, c = 3:
+    #   t1: r = 5,   A = -1: min(-5, -1.2) = -5, below c A = -3 -> J = -3, loss 3, no gradient
+    #   t2: r = 5,   A = +1: min(5, 1.2) = 1.2 (A > 0: the dual clip never applies) -> loss -1.2
+    #   t3: r = 2,   A = -1: min(-2, -1.2) = -2, above -3 -> loss 2, gradient -A r / N = 2/4
+    #   t4: r = 0.5, A = -1: min(-0.5, -0.8) = -0.8 -> loss 0.8, clipped
+    # loss = (3 - 1.2 + 2 + 0.8) / 4 = 1.15; without the dual clip (5 - 1.2 + 2 + 0.8) / 4 = 1.65.
+    old = [[0.0, -3.0, -3.0, -1.0, -1.0]]
+    ratios = [[None, 5.0, 5.0, 2.0, 0.5]]
+    adv, mask = [[0.0, -1.0, 1.0, -1.0, -1.0]], [[0.0, 1.0, 1.0, 1.0, 1.0]]
+    logprobs = _logprobs_with_ratios(old, ratios)
+    loss, metrics = make_policy_loss(dual_clip=3.0)(logprobs, _batch(old, adv, mask), 4)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.15, abs=1e-5)
+    assert metrics["dual_clip_fraction"] == pytest.approx(0.25)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)  # t2 and t4
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, 0.0, 0.0, 0.5, 0.0]]), atol=1e-5)
+    plain, _ = make_policy_loss()(logprobs.detach(), _batch(old, adv, mask), 4)
+    assert plain.item() == pytest.approx(1.65, abs=1e-5)
+
+
+def test_decoupled_ratio_is_taken_against_prox_not_behaviour():
+    # Per token: r = pi / pi_prox, w = pi_prox / pi_behaviour, A = +1, clip 0.2.
+    #   t1: r = 1.5, w = 0.5: w * min(1.5, 1.2) = 0.6 -> loss -0.6, clipped (no gradient)
+    #   t2: r = 1.1, w = 2:   w * min(1.1, 1.2) = 2.2 -> loss -2.2, gradient -w r A / N = -1.1
+    # loss = (-0.6 - 2.2) / 2 = -1.4.
+    # Coupled, the ratio against behaviour is r w = 0.75 and 2.2:
+    #   min(0.75, 0.8) = 0.75 and min(2.2, 1.2) = 1.2 -> (-0.75 - 1.2) / 2 = -0.975.
+    behaviour = [[0.0, -1.0, -2.0]]
+    prox = [[0.0, -1.0 + math.log(0.5), -2.0 + math.log(2.0)]]
+    logprobs = _logprobs_with_ratios(prox, [[None, 1.5, 1.1]])
+    adv, mask = [[0.0, 1.0, 1.0]], [[0.0, 1.0, 1.0]]
+    batch = _batch(behaviour, adv, mask, prox=prox)
+    loss, metrics = make_policy_loss()(logprobs, batch, 2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.4, abs=1e-5)
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, 0.0, -1.1]]), atol=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    assert metrics["ratio_mean"] == pytest.approx((0.75 + 2.2) / 2, abs=1e-5)  # vs behaviour
+    coupled, _ = make_policy_loss()(logprobs.detach(), _batch(behaviour, adv, mask), 2)
+    assert coupled.item() == pytest.approx(-0.975, abs=1e-5)
+    # The proximal log-probs travel with the rows like every other per-position tensor.
+    part = batch.select([0]).select_columns(2)
+    assert torch.equal(part.prox_logprobs, batch.prox_logprobs[:, :2])
