@@ -53,7 +53,7 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     rollout = config.rollout
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
-        seed=config.seed, pad_id=tokenizer.pad_token_id,
+        seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
                                 top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
@@ -119,4 +119,6 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
 async def _run_and_save(controller: Controller, runtime, checkpoint: Path) -> dict[str, Any]:
     summary = await controller.run()
     await runtime.save(str(checkpoint))
+    # The ledger goes with the checkpoint: which prompts were trained fresh, replayed, dropped.
+    (checkpoint / "ledger.json").write_text(json.dumps(controller.ledger.to_dict()))
     return summary

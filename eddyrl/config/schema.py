@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from ..core.config import AlgorithmConfig, LoopConfig
+from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
@@ -25,6 +26,7 @@ class EddyConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     def validate(self, prefix: str = "") -> None:
         check_platform_name("platform", self.platform)

@@ -11,10 +11,14 @@ from .trajectory import Group
 
 
 def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
-                      sample_weight: float = 1.0) -> TrainBatch:
+                      weights: list[float] | None = None) -> TrainBatch:
     """One row per trajectory: prompt + response, right-padded; log-probs and versions aligned
-    so that position t describes token t (see core/batch.py)."""
+    so that position t describes token t (see core/batch.py). `weights` gives each group's
+    loss weight (1 fresh, tau replayed); default 1."""
     rows = [(g, t) for g in groups for t in g.trajectories]
+    weights = [1.0] * len(groups) if weights is None else weights
+    if len(weights) != len(groups):
+        raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
     if not rows:
         raise ValueError("cannot build a training batch from no trajectories")
     width = max(len(g.prompt_ids) + t.num_tokens for g, t in rows)
@@ -36,7 +40,8 @@ def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool =
     return TrainBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
                       old_logprobs=old_logprobs,
                       advantages=broadcast_to_tokens(advantages, loss_mask),
-                      sample_weights=torch.full((len(rows),), float(sample_weight)),
+                      sample_weights=torch.tensor([w for g, w in zip(groups, weights)
+                                                   for _ in g.trajectories], dtype=torch.float32),
                       versions=versions)
 
 

@@ -2,14 +2,17 @@
 the runtime gives it and takes timestamps from `runtime.now()`, so the same loop runs on Ray and
 under a simulator's virtual clock. It does no I/O; metrics go to the `log` callback.
 
-Synchronous GRPO here: each step rolls out a batch on the current weights (staleness 0), trains
-on it, and syncs the new weights to every rollout worker.
+Synchronous GRPO here: each step rolls out the fresh part of a batch on the current weights
+(staleness 0), adds replayed groups (ReFlow's replay cycle: at most floor(sigma*B), weighted tau,
+lag <= delta), trains, and syncs the new weights to every rollout worker. The ledger records
+every group's lifecycle: the proof that each prompt was trained exactly once as fresh data.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -18,6 +21,8 @@ from ..tasks.prompts import Prompt
 from .batch import TrainBatch
 from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
+from .ledger import Ledger
+from .replay import ReplayBuffer, ReplayConfig
 from .rewarding import SafeReward
 from .trajectory import Group, Trajectory
 
@@ -40,6 +45,7 @@ class LoopSettings:
     n_samples: int
     seed: int
     pad_id: int
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
 
 @dataclass
@@ -53,16 +59,23 @@ class Controller:
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
     version: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
+    _pending: deque = field(default_factory=deque)  # (epoch, prompt) drawn, not yet rolled out
+
+    def __post_init__(self) -> None:
+        self.replay = ReplayBuffer(self.settings.replay)
+        self._batches = self.train_prompts.batches(self.settings.loop.batch_prompts,
+                                                   self.settings.seed)
 
     async def run(self) -> dict[str, Any]:
         loop = self.settings.loop
         started = self.runtime.now()
         initial = await self.evaluate()
         self._emit({"step": 0, **initial})
-        batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
         for step in range(1, loop.steps + 1):
-            metrics = await self.step(batches)
+            self.ledger.step = step
+            metrics = await self.step()
             if (loop.eval_every and step % loop.eval_every == 0) or step == loop.steps:
                 metrics.update(await self.evaluate())
             self._emit({"step": step, **metrics})
@@ -72,63 +85,106 @@ class Controller:
                 "seconds": self.runtime.now() - started,
                 "samples_trained": sum(m.get("samples_trained", 0) for m in self.history),
                 "tokens_generated": sum(m.get("gen_tokens", 0) for m in self.history),
-                "reward_errors": self.reward.errors}
+                "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
+                "reward_errors": self.reward.errors,
+                "ledger": {state.value: n for state, n in self.ledger.counts().items()}}
 
-    async def step(self, batches) -> dict[str, Any]:
-        """Roll out one batch on the current policy, train on it, publish the new weights."""
+    async def step(self) -> dict[str, Any]:
+        """Roll out the fresh part of a batch on the current policy, add replayed groups, train,
+        publish the new weights."""
         t0 = self.runtime.now()
-        groups, rollout_metrics = await self.collect_batch(batches)
+        want = self.settings.loop.batch_prompts
+        replayed = self.replay.select(want, self.version)
+        fresh, rollout_metrics = await self.collect_fresh(want - len(replayed))
         t1 = self.runtime.now()
+        groups = fresh + [group for group, _ in replayed]
         if not groups:  # every group uninformative: nothing to learn from this step
+            self._record_evictions()
             return {**rollout_metrics, "rollout_s": t1 - t0, "skipped": 1}
-        batch = build_train_batch(groups, self.settings.pad_id,
+        weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
+        batch = build_train_batch(groups, self.settings.pad_id, weights=weights,
                                   normalize_std=self.settings.algorithm.normalize_std)
         train_metrics = await self.runtime.train(batch)
         t2 = self.runtime.now()
         self.version += 1
         await self.runtime.sync_weights(self.version)
         t3 = self.runtime.now()
+        self._after_training(fresh, [group for group, _ in replayed])
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
+        replay_samples = sum(len(g.trajectories) for g, _ in replayed)
         return {**rollout_metrics, **train_metrics, "version": self.version,
-                "samples_trained": len(batch), "rollout_s": t1 - t0, "train_s": t2 - t1,
-                "sync_s": t3 - t2, "step_s": t3 - t0,
+                "samples_trained": len(batch), "replay_samples": replay_samples,
+                "replay_fraction": len(replayed) / len(groups),
+                "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
                 "tokens_per_s": rollout_metrics["gen_tokens"] / max(t1 - t0, 1e-9)}
 
-    async def collect_batch(self, batches) -> tuple[list[Group], dict[str, Any]]:
-        """A batch of groups; with dynamic sampling, uninformative groups are dropped and
-        refilled from new prompts for up to `max_refill_rounds` extra rounds."""
-        algo, want = self.settings.algorithm, self.settings.loop.batch_prompts
+    def _after_training(self, fresh: list[Group], replayed: list[Group]) -> None:
+        """Ledger: fresh groups were trained once and go to replay (or are done); replays count."""
+        for group in replayed:
+            self.ledger.replayed(group.group_id, self.ledger.step)
+        for group in fresh:
+            self.ledger.train_fresh(group.group_id, self.ledger.step)
+            if self.replay.add(group, group.dispatch_version, group.is_informative()):
+                self.ledger.to_replay(group.group_id)
+            else:
+                self.ledger.finish(group.group_id)
+        self._record_evictions()
+
+    def _record_evictions(self) -> None:
+        for group_id, reason in self.replay.evicted_since_last():
+            self.ledger.evict(group_id, f"replay: {reason}")
+
+    def _next_prompts(self, count: int) -> list[tuple[int, Prompt]]:
+        """The next `count` (epoch, prompt) pairs; drawn prompts are never skipped."""
+        while len(self._pending) < count:
+            epoch, prompts = next(self._batches)
+            self._pending.extend((epoch, prompt) for prompt in prompts)
+        return [self._pending.popleft() for _ in range(count)]
+
+    async def collect_fresh(self, want: int) -> tuple[list[Group], dict[str, Any]]:
+        """`want` fresh groups; with dynamic sampling, uninformative groups are dropped (and
+        recorded as evicted) and refilled from new prompts for up to `max_refill_rounds`."""
+        algo = self.settings.algorithm
         kept: list[Group] = []
         generated: list[Group] = []
         rounds = 1 + (algo.max_refill_rounds if algo.dynamic_sampling else 0)
-        for _ in range(rounds):
-            groups = await self.rollout(next(batches)[:want - len(kept)],
-                                        self.settings.n_samples, self.settings.sampling)
+        for _ in range(rounds if want > 0 else 0):
+            drawn = self._next_prompts(want - len(kept))
+            groups = await self.rollout([prompt for _, prompt in drawn], self.settings.n_samples,
+                                        self.settings.sampling, [epoch for epoch, _ in drawn])
             generated += groups
-            kept += [g for g in groups if g.is_informative()] if algo.dynamic_sampling else groups
+            for group in groups:
+                if algo.dynamic_sampling and not group.is_informative():
+                    self.ledger.evict(group.group_id, "no learning signal (equal rewards)")
+                else:
+                    kept.append(group)
             if len(kept) >= want:
                 break
         trajectories = [t for g in generated for t in g.trajectories]
-        rewards = [t.reward for t in trajectories]
-        lengths = [t.num_tokens for t in trajectories]
-        return kept[:want], {
+        rewards = [t.reward for t in trajectories] or [0.0]
+        lengths = [t.num_tokens for t in trajectories] or [0]
+        return kept, {
             "reward_mean": sum(rewards) / len(rewards),
             "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             "response_len_mean": sum(lengths) / len(lengths),
             "response_len_max": max(lengths), "gen_tokens": sum(lengths),
-            "groups_generated": len(generated), "groups_kept": min(len(kept), want),
+            "groups_generated": len(generated), "groups_kept": len(kept),
             "reward_errors": self.reward.errors}
 
-    async def rollout(self, prompts: list[Prompt], n: int, sampling: SamplingParams
-                      ) -> list[Group]:
+    async def rollout(self, prompts: list[Prompt], n: int, sampling: SamplingParams,
+                      epochs: list[int] | None = None) -> list[Group]:
         """Generate `n` responses per prompt, spread over the workers group by group, and score
-        each response as soon as its worker returns."""
+        each response as soon as its worker returns. Training prompts come with their epoch
+        and are tracked in the ledger; evaluation prompts are not."""
         groups = [Group(f"g{next(self._ids)}", p.prompt, p.answer, list(p.prompt_ids),
                         self.version) for p in prompts]
         per_worker: list[list[GenerationRequest]] = [[] for _ in self.runtime.workers]
         owner: dict[str, Group] = {}
         for index, group in enumerate(groups):
+            if epochs is not None:
+                self.ledger.queue(group.group_id, prompts[index].index, epochs[index])
+                self.ledger.start(group.group_id, index % len(per_worker), self.version)
             for sample in range(n):
                 request_id = f"{group.group_id}-{sample}"
                 owner[request_id] = group
@@ -142,6 +198,8 @@ class Controller:
                 group.trajectories.append(Trajectory(result, reward, error))
         for group in groups:  # a fixed order inside each group, whatever the completion order
             group.trajectories.sort(key=lambda t: int(t.result.request_id.rsplit("-", 1)[1]))
+            if epochs is not None:
+                self.ledger.collect(group.group_id)
         return groups
 
     async def evaluate(self) -> dict[str, float]:

@@ -47,14 +47,16 @@ class PromptSet:
             raise ConfigError(f"{source}: no prompt rows")
         return cls(prompts, truncated)
 
-    def batches(self, batch_size: int, seed: int) -> Iterator[list[Prompt]]:
-        """Endless batches; each epoch is a new seeded permutation, so resume is reproducible."""
+    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[int, list[Prompt]]]:
+        """Endless (epoch, prompts) batches; each epoch is a new seeded permutation, so resume
+        is reproducible. A last partial batch of an epoch is served too: every prompt of an
+        epoch comes up exactly once."""
         epoch = 0
         while True:
             order = list(range(len(self.prompts)))
             random.Random(f"{seed}-{epoch}").shuffle(order)
-            for start in range(0, len(order) - batch_size + 1, batch_size):
-                yield [self.prompts[i] for i in order[start:start + batch_size]]
+            for start in range(0, len(order), batch_size):
+                yield epoch, [self.prompts[i] for i in order[start:start + batch_size]]
             epoch += 1
 
 

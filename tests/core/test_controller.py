@@ -10,6 +10,8 @@ from transformers import AutoTokenizer
 
 from eddyrl.core.config import AlgorithmConfig, LoopConfig
 from eddyrl.core.controller import Controller, LoopSettings
+from eddyrl.core.ledger import State
+from eddyrl.core.replay import ReplayConfig
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.engines.inference.base import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
@@ -40,9 +42,9 @@ def setup(tiny_model_dir):
     return tokenizer, prompts, RecordingRuntime(engine)
 
 
-def _controller(setup, reward_fn, *, dynamic=False, steps=2):
+def _controller(setup, reward_fn, *, dynamic=False, steps=2, replay=None):
     tokenizer, prompts, runtime = setup
-    settings = LoopSettings(
+    settings = LoopSettings(replay=replay or ReplayConfig(),
         loop=LoopConfig(steps=steps, batch_prompts=3, eval_every=0),
         algorithm=AlgorithmConfig(dynamic_sampling=dynamic, max_refill_rounds=2),
         sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
@@ -76,7 +78,7 @@ def test_dynamic_sampling_drops_uniform_groups_and_refills(setup):
         return 1.0 if answer in ("0", "2") else 0.0  # only prompts 0 and 1 always succeed
 
     controller = _controller(setup, reward, dynamic=True, steps=1)
-    metrics = asyncio.run(controller.step(controller.train_prompts.batches(3, 0)))
+    metrics = asyncio.run(controller.step())
     assert metrics["skipped"] == 1  # every group uniform: nothing to learn, no step taken
     assert metrics["groups_generated"] == 9  # 1 round + 2 refill rounds of 3 prompts
     assert setup[2].batches == [] and controller.version == 0
@@ -94,3 +96,39 @@ def test_reward_errors_are_counted_and_the_run_continues(setup):
     # prompt "add 2 2" is scored 4 times per rollout it appears in, eval included
     assert summary["reward_errors"] >= 1 and controller.reward.errors == summary["reward_errors"]
     assert "grader crashed" in controller.reward.last_errors[-1]
+
+
+def _alternating():
+    calls = []
+
+    def reward(response, answer):
+        calls.append(response)
+        return float(len(calls) % 2)  # every group gets both rewards: always informative
+
+    return reward
+
+
+def test_every_prompt_of_an_epoch_is_trained_exactly_once_as_fresh(setup):
+    controller = _controller(setup, _alternating(), steps=5)  # 12 prompts, 3 per step
+    asyncio.run(controller.run())
+    check = controller.ledger.check_exactly_once(range(12), epoch=0)
+    assert check.ok, check
+    assert controller.ledger.counts()[State.DONE] == 15  # replay off: trained groups are done
+
+
+def test_replay_takes_sigma_of_the_batch_at_weight_tau_and_needs_less_generation(setup):
+    replay = ReplayConfig(max_fraction=0.34, loss_weight=0.5, max_lag=2, max_reuse=1)
+    controller = _controller(setup, _alternating(), steps=3, replay=replay)
+    asyncio.run(controller.run())
+    batches = setup[2].batches
+    # step 1: 3 fresh groups; steps 2-3: floor(0.34 * 3) = 1 replayed + 2 fresh
+    assert [m["groups_generated"] for m in controller.history[1:]] == [3, 2, 2]
+    assert [m["replay_samples"] for m in controller.history[1:]] == [0, 4, 4]
+    assert batches[0].sample_weights.tolist() == [1.0] * 12
+    assert batches[1].sample_weights.tolist() == [1.0] * 8 + [0.5] * 4
+    replayed_versions = batches[1].versions[8:][batches[1].loss_mask[8:].bool()]
+    assert set(replayed_versions.tolist()) == {0}  # behaviour version kept: lag 1 <= delta
+    counts = controller.ledger.counts()
+    assert counts[State.EVICTED] >= 2  # max_reuse=1: each replayed group leaves after one reuse
+    trained = {i: n for i, n in controller.ledger.fresh_train_counts_by_prompt(0).items() if n}
+    assert len(trained) == 7 and set(trained.values()) == {1}  # 3 + 2 + 2 fresh, once each

@@ -33,10 +33,11 @@ def test_long_prompt_can_be_truncated_and_counted(tokenizer):
 def test_batches_are_seeded_and_cover_an_epoch(tokenizer):
     rows = [{"prompt": f"add {i} 1", "answer": str(i + 1)} for i in range(10)]
     prompts = PromptSet.from_rows(rows, "x", tokenizer, 64, "error")
-    a = [[p.index for p in b] for b, _ in zip(prompts.batches(5, seed=1), range(4))]
-    b = [[p.index for p in b] for b, _ in zip(prompts.batches(5, seed=1), range(4))]
+    a = [(e, [p.index for p in b]) for (e, b), _ in zip(prompts.batches(4, seed=1), range(6))]
+    b = [(e, [p.index for p in b]) for (e, b), _ in zip(prompts.batches(4, seed=1), range(6))]
     assert a == b
-    assert sorted(a[0] + a[1]) == list(range(10)) and a[:2] != a[2:]
+    assert [e for e, _ in a] == [0, 0, 0, 1, 1, 1] and [len(p) for _, p in a] == [4, 4, 2] * 2
+    assert sorted(a[0][1] + a[1][1] + a[2][1]) == list(range(10)) and a[:3] != a[3:]
 
 
 def test_missing_field_names_file_and_row(tmp_path):
