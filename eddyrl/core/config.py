@@ -20,6 +20,9 @@ class AlgorithmConfig:
     tis_cap: float | None = None  # truncate that importance weight at this value (e.g. 2.0)
     dual_clip: float | None = None  # bound the objective at dual_clip*A for A < 0 (e.g. 3.0)
     normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
+    # K: largest (trainer version - behaviour version) of trained data. 0 is synchronous
+    # on-policy GRPO; K > 0 generates up to K batches ahead while the trainer trains.
+    max_staleness: int = 0
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal (no signal)
     max_refill_rounds: int = 0  # extra rollout rounds to refill the batch after dropping
 
@@ -28,6 +31,11 @@ class AlgorithmConfig:
         check_range(f"{prefix}.clip_high", self.clip_high, 0, lo_open=True)
         check_range(f"{prefix}.kl_coef", self.kl_coef, 0)
         check_range(f"{prefix}.max_refill_rounds", self.max_refill_rounds, 0)
+        check_range(f"{prefix}.max_staleness", self.max_staleness, 0)
+        if self.max_staleness > 0 and self.dynamic_sampling and self.max_refill_rounds > 0:
+            raise contradiction(f"{prefix}.max_refill_rounds = {self.max_refill_rounds} with "
+                                f"{prefix}.max_staleness = {self.max_staleness}: refills are "
+                                "generated synchronously; use them only with max_staleness = 0")
         if self.tis_cap is not None:
             check_range(f"{prefix}.tis_cap", self.tis_cap, 0, lo_open=True)
         if self.dual_clip is not None:
@@ -44,6 +52,7 @@ class LoopConfig:
     eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
     save_every: int = 0  # steps between checkpoints (0: only the final one)
+    max_seconds: float = 0.0  # stop after the step that crosses this runtime time (0: no limit)
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.steps", self.steps, 0)
@@ -51,3 +60,4 @@ class LoopConfig:
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
         check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
         check_range(f"{prefix}.save_every", self.save_every, 0)
+        check_range(f"{prefix}.max_seconds", self.max_seconds, 0)

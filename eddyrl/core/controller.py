@@ -23,6 +23,7 @@ from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
+from .version_window import VersionWindow
 from .rewarding import SafeReward
 from .trajectory import Group, Trajectory
 
@@ -57,31 +58,49 @@ class Controller:
     decode: Callable[[list[int]], str]
     reward: SafeReward
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
-    version: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
     _pending: deque = field(default_factory=deque)  # (epoch, prompt) drawn, not yet rolled out
 
     def __post_init__(self) -> None:
+        loop, algo = self.settings.loop, self.settings.algorithm
         self.replay = ReplayBuffer(self.settings.replay)
-        self._batches = self.train_prompts.batches(self.settings.loop.batch_prompts,
-                                                   self.settings.seed)
+        # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
+        self.fresh_per_step = loop.batch_prompts - self.replay.replay_slots(loop.batch_prompts)
+        # Admission bounds staleness to K: at most K batches are generated ahead of training.
+        self.window = VersionWindow(max_staleness=algo.max_staleness,
+                                    batch_groups=self.fresh_per_step,
+                                    max_concurrent=(algo.max_staleness + 1) * loop.batch_prompts)
+        self._inflight: deque[asyncio.Future] = deque()  # fresh batches, in dispatch order
+        self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
+
+    @property
+    def version(self) -> int:
+        """The trainer's policy version: the number of training steps taken."""
+        return self.window.version
 
     async def run(self) -> dict[str, Any]:
         loop = self.settings.loop
         started = self.runtime.now()
         initial = await self.evaluate()
         self._emit({"step": 0, **initial})
+        step = 0
         for step in range(1, loop.steps + 1):
             self.ledger.step = step
             metrics = await self.step()
-            if (loop.eval_every and step % loop.eval_every == 0) or step == loop.steps:
+            out_of_time = bool(loop.max_seconds) and \
+                self.runtime.now() - started >= loop.max_seconds
+            if (loop.eval_every and step % loop.eval_every == 0) or step == loop.steps \
+                    or out_of_time:
                 metrics.update(await self.evaluate())
             self._emit({"step": step, **metrics})
-        final = self.history[-1] if loop.steps else {"step": 0, **initial}
+            if out_of_time:
+                break
+        await self._drain_pipeline()
+        final = self.history[-1] if step else {"step": 0, **initial}
         return {"initial_eval_accuracy": initial["eval_accuracy"],
-                "final_eval_accuracy": final["eval_accuracy"], "steps": loop.steps,
+                "final_eval_accuracy": final["eval_accuracy"], "steps": step,
                 "seconds": self.runtime.now() - started,
                 "samples_trained": sum(m.get("samples_trained", 0) for m in self.history),
                 "tokens_generated": sum(m.get("gen_tokens", 0) for m in self.history),
@@ -95,7 +114,7 @@ class Controller:
         t0 = self.runtime.now()
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
-        fresh, rollout_metrics = await self.collect_fresh(want - len(replayed))
+        fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         groups = fresh + [group for group, _ in replayed]
         if not groups:  # every group uninformative: nothing to learn from this step
@@ -106,14 +125,18 @@ class Controller:
                                   normalize_std=self.settings.algorithm.normalize_std)
         train_metrics = await self.runtime.train(batch)
         t2 = self.runtime.now()
-        self.version += 1
+        self.window.advance()
         await self.runtime.sync_weights(self.version)
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
+        lags = [self.version - 1 - v for g in fresh for t in g.trajectories
+                for v in t.result.versions[:1]]  # behaviour version of each trajectory
         return {**rollout_metrics, **train_metrics, "version": self.version,
+                "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
+                "staleness_max": max(lags, default=0),
                 "samples_trained": len(batch), "replay_samples": replay_samples,
                 "replay_fraction": len(replayed) / len(groups),
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
@@ -142,49 +165,77 @@ class Controller:
             self._pending.extend((epoch, prompt) for prompt in prompts)
         return [self._pending.popleft() for _ in range(count)]
 
-    async def collect_fresh(self, want: int) -> tuple[list[Group], dict[str, Any]]:
-        """`want` fresh groups; with dynamic sampling, uninformative groups are dropped (and
-        recorded as evicted) and refilled from new prompts for up to `max_refill_rounds`."""
-        algo = self.settings.algorithm
-        kept: list[Group] = []
-        generated: list[Group] = []
-        rounds = 1 + (algo.max_refill_rounds if algo.dynamic_sampling else 0)
-        for _ in range(rounds if want > 0 else 0):
-            drawn = self._next_prompts(want - len(kept))
-            groups = await self.rollout([prompt for _, prompt in drawn], self.settings.n_samples,
-                                        self.settings.sampling, [epoch for epoch, _ in drawn])
-            generated += groups
-            for group in groups:
-                if algo.dynamic_sampling and not group.is_informative():
-                    self.ledger.evict(group.group_id, "no learning signal (equal rewards)")
-                else:
-                    kept.append(group)
-            if len(kept) >= want:
-                break
-        trajectories = [t for g in generated for t in g.trajectories]
-        rewards = [t.reward for t in trajectories] or [0.0]
-        lengths = [t.num_tokens for t in trajectories] or [0]
-        return kept, {
-            "reward_mean": sum(rewards) / len(rewards),
-            "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "response_len_mean": sum(lengths) / len(lengths),
-            "response_len_max": max(lengths), "gen_tokens": sum(lengths),
-            "groups_generated": len(generated), "groups_kept": len(kept),
-            "reward_errors": self.reward.errors}
+    def _fill_pipeline(self) -> None:
+        """Dispatch whole fresh batches while the version window admits them: one at a time
+        with K = 0 (synchronous), up to K + 1 ahead of training otherwise."""
+        size = self.fresh_per_step
+        while size and self.window.capacity() >= size:
+            drawn = self._next_prompts(size)
+            groups = self._new_groups([prompt for _, prompt in drawn])
+            for group, (epoch, prompt) in zip(groups, drawn):
+                group.dispatch_version = self.window.dispatch(group.group_id)
+                self.ledger.queue(group.group_id, prompt.index, epoch)
+            self._inflight.append(asyncio.ensure_future(self._generate(
+                groups, self.settings.n_samples, self.settings.sampling, track=True)))
 
-    async def rollout(self, prompts: list[Prompt], n: int, sampling: SamplingParams,
-                      epochs: list[int] | None = None) -> list[Group]:
-        """Generate `n` responses per prompt, spread over the workers group by group, and score
-        each response as soon as its worker returns. Training prompts come with their epoch
-        and are tracked in the ledger; evaluation prompts are not."""
-        groups = [Group(f"g{next(self._ids)}", p.prompt, p.answer, list(p.prompt_ids),
-                        self.version) for p in prompts]
+    async def _drain_pipeline(self) -> None:
+        """Batches still generating when training ends finish (collected, never trained)."""
+        while self._inflight:
+            await self._inflight.popleft()
+
+    async def collect_fresh(self) -> tuple[list[Group], dict[str, Any]]:
+        """The oldest dispatched fresh batch (C3: its staleness is checked against K); with
+        dynamic sampling, uninformative groups are dropped (recorded as evicted) and, in
+        synchronous mode, refilled from new prompts for up to `max_refill_rounds`."""
+        algo = self.settings.algorithm
+        self._fill_pipeline()
+        if not self._inflight:
+            return [], _rollout_metrics([], self.reward.errors)
+        generated = await self._inflight.popleft()
+        taken = self.window.take_batch()
+        assert taken == [g.group_id for g in generated], "batches must train in dispatch order"
+        for group in generated:
+            self.window.check_trainable(group.dispatch_version)
+        kept = self._drop_uninformative(generated)
+        for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
+            if len(kept) >= self.fresh_per_step:
+                break
+            drawn = self._next_prompts(self.fresh_per_step - len(kept))
+            groups = self._new_groups([prompt for _, prompt in drawn])
+            for group, (epoch, prompt) in zip(groups, drawn):
+                self.ledger.queue(group.group_id, prompt.index, epoch)
+            await self._generate(groups, self.settings.n_samples, self.settings.sampling,
+                                 track=True)
+            generated += groups
+            kept += self._drop_uninformative(groups)
+        return kept, _rollout_metrics(generated, self.reward.errors)
+
+    def _drop_uninformative(self, groups: list[Group]) -> list[Group]:
+        if not self.settings.algorithm.dynamic_sampling:
+            return list(groups)
+        kept = []
+        for group in groups:
+            if group.is_informative():
+                kept.append(group)
+            else:
+                self.ledger.evict(group.group_id, "no learning signal (equal rewards)")
+        return kept
+
+    def _new_groups(self, prompts: list[Prompt]) -> list[Group]:
+        return [Group(f"g{next(self._ids)}", p.prompt, p.answer, list(p.prompt_ids),
+                      self.version) for p in prompts]
+
+    async def _generate(self, groups: list[Group], n: int, sampling: SamplingParams,
+                        track: bool = False) -> list[Group]:
+        """Generate `n` responses per group, spread over the workers group by group, and score
+        each response as soon as its worker returns. Tracked (training) groups are recorded in
+        the ledger and the version window; evaluation groups are not."""
         per_worker: list[list[GenerationRequest]] = [[] for _ in self.runtime.workers]
         owner: dict[str, Group] = {}
         for index, group in enumerate(groups):
-            if epochs is not None:
-                self.ledger.queue(group.group_id, prompts[index].index, epochs[index])
-                self.ledger.start(group.group_id, index % len(per_worker), self.version)
+            if track:
+                self.ledger.start(group.group_id, index % len(per_worker),
+                                  group.dispatch_version)
             for sample in range(n):
                 request_id = f"{group.group_id}-{sample}"
                 owner[request_id] = group
@@ -198,15 +249,17 @@ class Controller:
                 group.trajectories.append(Trajectory(result, reward, error))
         for group in groups:  # a fixed order inside each group, whatever the completion order
             group.trajectories.sort(key=lambda t: int(t.result.request_id.rsplit("-", 1)[1]))
-            if epochs is not None:
+            if track:
                 self.ledger.collect(group.group_id)
+                if self.window.is_running(group.group_id):
+                    self.window.collect(group.group_id)
         return groups
 
     async def evaluate(self) -> dict[str, float]:
         """Held-out accuracy: one response per held-out prompt at `loop.eval_temperature`."""
         sampling = SamplingParams(**{**vars_of(self.settings.sampling),
                                      "temperature": self.settings.loop.eval_temperature})
-        groups = await self.rollout(self.eval_prompts.prompts, 1, sampling)
+        groups = await self._generate(self._new_groups(self.eval_prompts.prompts), 1, sampling)
         rewards = [g.trajectories[0].reward for g in groups]
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards)}
@@ -218,3 +271,14 @@ class Controller:
 
 def vars_of(params: SamplingParams) -> dict[str, Any]:
     return {name: getattr(params, name) for name in params.__slots__}
+
+
+def _rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
+    trajectories = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajectories] or [0.0]
+    lengths = [t.num_tokens for t in trajectories] or [0]
+    return {"reward_mean": sum(rewards) / len(rewards),
+            "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "response_len_mean": sum(lengths) / len(lengths),
+            "response_len_max": max(lengths), "gen_tokens": sum(lengths),
+            "groups_generated": len(groups), "reward_errors": reward_errors}

@@ -25,6 +25,9 @@ class RolloutConfig:
     top_k: int = 0  # 0: off
     max_new_tokens: int = 54  # the longest arith answer (12 terms) fits
     max_batch_size: int = 256  # sequences one worker decodes together
+    # New weights reach running trajectories at the next decode step (per-token versions
+    # recorded) instead of after they finish on the old weights.
+    partial_rollout: bool = False
 
     def validate(self, prefix: str) -> None:
         from .registry import INFERENCE_ENGINES

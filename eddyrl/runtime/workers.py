@@ -32,7 +32,8 @@ class RolloutWorker:
         os.environ.update(self.platform.inference_engine_env())
         engine_cls = load_engine_class("rollout", config.rollout.engine)
         self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
-                                 max_batch_size=config.rollout.max_batch_size)
+                                 max_batch_size=config.rollout.max_batch_size,
+                                 partial_rollout=config.rollout.partial_rollout)
         self.channel: WeightChannel | None = None
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -121,14 +121,58 @@ def test_replay_takes_sigma_of_the_batch_at_weight_tau_and_needs_less_generation
     controller = _controller(setup, _alternating(), steps=3, replay=replay)
     asyncio.run(controller.run())
     batches = setup[2].batches
-    # step 1: 3 fresh groups; steps 2-3: floor(0.34 * 3) = 1 replayed + 2 fresh
-    assert [m["groups_generated"] for m in controller.history[1:]] == [3, 2, 2]
+    # B = 3, floor(0.34 * 3) = 1 replay slot: 2 fresh groups every step (ReFlow's (1-sigma)B),
+    # plus one replayed group from step 2 on (the buffer is empty at step 1)
+    assert [m["groups_generated"] for m in controller.history[1:]] == [2, 2, 2]
     assert [m["replay_samples"] for m in controller.history[1:]] == [0, 4, 4]
-    assert batches[0].sample_weights.tolist() == [1.0] * 12
+    assert batches[0].sample_weights.tolist() == [1.0] * 8
     assert batches[1].sample_weights.tolist() == [1.0] * 8 + [0.5] * 4
     replayed_versions = batches[1].versions[8:][batches[1].loss_mask[8:].bool()]
     assert set(replayed_versions.tolist()) == {0}  # behaviour version kept: lag 1 <= delta
     counts = controller.ledger.counts()
     assert counts[State.EVICTED] >= 2  # max_reuse=1: each replayed group leaves after one reuse
     trained = {i: n for i, n in controller.ledger.fresh_train_counts_by_prompt(0).items() if n}
-    assert len(trained) == 7 and set(trained.values()) == {1}  # 3 + 2 + 2 fresh, once each
+    assert len(trained) == 6 and set(trained.values()) == {1}  # 2 fresh per step, once each
+
+
+class SyncingRuntime(RecordingRuntime):
+    """Weight sync really loads new (perturbed) weights into the engine, tagged with the
+    version, so staleness and per-token versions are observable."""
+
+    def __init__(self, engine, model_dir):
+        super().__init__(engine)
+        from transformers import AutoModelForCausalLM
+
+        self.base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+
+    async def sync_weights(self, version):
+        await super().sync_weights(version)
+        gen = torch.Generator().manual_seed(version)
+        weights = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in self.base.items()}
+        await self.engine.load_weights(version, [weights])
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_bounded_staleness_keeps_c1_c2_c3(setup, tiny_model_dir, staleness):
+    tokenizer, prompts, _ = setup
+    runtime = SyncingRuntime(setup[2].engine, tiny_model_dir)
+    settings = LoopSettings(
+        loop=LoopConfig(steps=4, batch_prompts=2, eval_every=0),
+        algorithm=AlgorithmConfig(max_staleness=staleness, dynamic_sampling=False),
+        sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
+        n_samples=3, seed=0, pad_id=tokenizer.pad_token_id)
+    controller = Controller(runtime, settings, prompts, prompts,
+                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                            reward=SafeReward(_alternating()))
+    asyncio.run(controller.run())
+    lags = []
+    for step, batch in enumerate(runtime.batches):  # the trainer was at version `step`
+        assert len(batch) == 2 * 3  # C2: whole groups, no response dropped
+        for row in range(len(batch)):
+            versions = set(batch.versions[row][batch.loss_mask[row].bool()].tolist())
+            assert len(versions) == 1  # C1: one policy version per trajectory
+            lags.append(step - versions.pop())
+    assert max(lags) <= staleness  # C3
+    assert max(lags) == staleness  # the pipeline really runs ahead by K batches
+    assert [m["staleness_max"] for m in controller.history[1:]] == \
+        [max(lags[i * 6:(i + 1) * 6]) for i in range(4)]

@@ -124,3 +124,37 @@ def test_too_long_request_is_refused_with_its_id(engine):
     request = GenerationRequest("long", [1] * 250, SamplingParams(max_new_tokens=10))
     with pytest.raises(ValueError, match="request long: prompt"):
         asyncio.run(_collect(engine, [request]))
+
+
+def _shifted_weights(tiny_model_dir, seed):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    return [{k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}]
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_weights_loaded_mid_generation(tiny_model_dir, partial):
+    """Delayed update keeps every running trajectory on one version (C1) and applies the new
+    weights once they drained; partial rollout switches at the next step and records it."""
+    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3,
+                               partial_rollout=partial)
+
+    async def scenario():
+        task = asyncio.create_task(_collect(engine, _requests(3, max_new=100)))
+        while engine.stats().tokens_generated < 30:
+            await asyncio.sleep(0.001)
+        await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
+        staged = engine.stats().staged_version
+        first = await task
+        later = await _collect(engine, _requests(2, max_new=5))
+        return staged, first, later
+
+    staged, first, later = asyncio.run(scenario())
+    if partial:
+        assert staged is None  # applied at once
+        assert all(r.versions[0] == 0 and r.versions[-1] == 1 for r in first)
+        assert all(r.versions == sorted(r.versions) for r in first)
+    else:
+        assert staged == 1  # waiting for the running batch
+        assert all(set(r.versions) == {0} for r in first)  # C1: one version per trajectory
+    assert engine.version == 1 and all(set(r.versions) == {1} for r in later)

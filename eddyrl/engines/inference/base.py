@@ -53,6 +53,7 @@ class EngineStats:
     tokens_generated: int
     busy_seconds: float  # time spent generating, for tokens/s and idle ratio
     kv_cache_usage: float = 0.0  # fraction of the KV budget in use, where the engine knows it
+    staged_version: int | None = None  # received weights waiting for running requests to end
     sleeping: bool = False
 
     @property

@@ -2,9 +2,14 @@
 
 Each `generate` call decodes its requests as one batch, left-padded, and drops rows from the
 batch (and the KV cache) as they finish, so one long trajectory does not keep the short ones'
-compute alive. Every decode step holds a lock, so a weight load lands between steps: tokens
-carry the version that was loaded when they were sampled. Steps run in a worker thread, so
-`abort`, `stats` and weight loads are served while a batch decodes.
+compute alive. Steps run in a worker thread, so `abort`, `stats` and weight loads are served
+while a batch decodes.
+
+Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a
+host-side staging copy while decoding goes on; they are applied once no request is running, and
+new batches wait for that. So every token of a trajectory comes from one version (DORA's C1).
+With `partial_rollout=True` they are applied at the next decode step instead: running
+trajectories continue on the new version, and every token records the version that sampled it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ class _Row:
 
 class HFInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
-                 max_batch_size: int = 256, version: int = 0) -> None:
+                 max_batch_size: int = 256, version: int = 0,
+                 partial_rollout: bool = False) -> None:
         self.platform = platform
         self.device = platform.device(platform.local_rank())
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -58,6 +64,10 @@ class HFInferenceEngine(InferenceEngine):
         self._tokens = 0
         self._busy = 0.0
         self._sleeping = False
+        self.partial_rollout = partial_rollout
+        self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._drained = asyncio.Event()  # set whenever no request is running
+        self._drained.set()
 
     @property
     def version(self) -> int:
@@ -96,8 +106,13 @@ class HFInferenceEngine(InferenceEngine):
     async def _decode(self, chunk: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         if self._sleeping:
             raise RuntimeError("generate called on a sleeping engine; call wake() first")
+        while self._staged is not None:  # new weights are waiting: let running batches drain
+            await self._drained.wait()
+            if self._staged is not None and self._running == 0:
+                self._apply_staged()
         rows = [_Row(r) for r in chunk]
         self._running += len(rows)
+        self._drained.clear()
         try:
             state = await asyncio.to_thread(self._prefill, rows)
             while rows:
@@ -108,6 +123,10 @@ class HFInferenceEngine(InferenceEngine):
             self._running -= len(rows)
             for row in rows:
                 self._aborted.discard(row.request.request_id)
+            if self._running == 0:
+                if self._staged is not None:
+                    self._apply_staged()
+                self._drained.set()
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
@@ -129,13 +148,14 @@ class HFInferenceEngine(InferenceEngine):
             started = time.perf_counter()
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              past_key_values=state["cache"], use_cache=True)
+            state["version"] = self._version  # the weights these logits came from
             self._busy += time.perf_counter() - started
         return out.logits[:, -1, :]
 
     def _step(self, rows: list[_Row], state: dict) -> list[GenerationResult]:
         """Sample one token for every row, take finished rows out of `rows` and the KV cache,
         and run the next forward pass for the rest. Returns the finished rows' results."""
-        version = self._version
+        version = state["version"]
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):  # rows with the same sampling settings sample together
             s = row.request.sampling
@@ -183,24 +203,39 @@ class HFInferenceEngine(InferenceEngine):
     # ---- weights and memory ----------------------------------------------------------------
     async def load_weights(self, version: int,
                            buckets: Iterable[dict[str, torch.Tensor]]) -> None:
-        await asyncio.to_thread(self._load, version, buckets)
+        """Receive and check the new weights off the critical path, then apply them now if
+        nothing runs (or with partial rollout), else when the running batches have drained."""
+        staged = await asyncio.to_thread(self._stage, version, buckets)
+        self._staged = (version, staged)
+        if self._running == 0 or self.partial_rollout:
+            await asyncio.to_thread(self._apply_staged)
 
-    def _load(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+    def _stage(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]
+               ) -> dict[str, torch.Tensor]:
         targets = self.model.state_dict(keep_vars=True)
-        seen: set[str] = set()
+        staged: dict[str, torch.Tensor] = {}
         for bucket in buckets:
             unknown = [name for name in bucket if name not in targets]
             if unknown:
                 raise KeyError(f"weights {unknown[:3]} do not belong to this model")
-            with self._lock, torch.no_grad():
-                for name, tensor in bucket.items():
-                    targets[name].data.copy_(tensor.to(self.device))
-            seen.update(bucket)
+            staged.update({name: tensor.detach().to("cpu") for name, tensor in bucket.items()})
         missing = {name for name, t in targets.items() if isinstance(t, torch.nn.Parameter)}
-        missing -= seen
-        if missing and not self._tied_only(missing, seen):
+        missing -= staged.keys()
+        if missing and not self._tied_only(missing, set(staged)):
             raise KeyError(f"weight update for version {version} lacks {sorted(missing)[:3]}")
-        self._version = version
+        return staged
+
+    def _apply_staged(self) -> None:
+        """The only step on the critical path: host staging -> device, between decode steps."""
+        if self._staged is None:
+            return
+        version, staged = self._staged
+        targets = self.model.state_dict(keep_vars=True)
+        with self._lock, torch.no_grad():
+            for name, tensor in staged.items():
+                targets[name].data.copy_(tensor.to(self.device))
+            self._version = version
+            self._staged = None
 
     def _tied_only(self, missing: set[str], seen: set[str]) -> bool:
         """A tied output head needs no separate tensor when its embedding was loaded."""
@@ -221,5 +256,6 @@ class HFInferenceEngine(InferenceEngine):
 
     def stats(self) -> EngineStats:
         return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
+                           staged_version=self._staged[0] if self._staged else None,
                            tokens_generated=self._tokens, busy_seconds=self._busy,
                            sleeping=self._sleeping)

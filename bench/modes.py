@@ -1,0 +1,134 @@
+"""Training modes side by side: the tiny default on this machine, each mode from the same warm
+start, seed and wall-clock budget, one after another in one invocation.
+
+    python bench/modes.py [--seconds 150] [--modes sync,one_step,async,replay,all]
+                          [--target 0.6] [--out bench/results] [key=value ...]
+
+Prints how it was run and a table (training samples/s, generated tokens/s, trainer idle
+fraction, staleness, replay fraction, held-out accuracy at fixed times, time to the target
+accuracy, final accuracy), and writes results.json and accuracy_vs_time.png into --out.
+Extra key=value overrides apply to every mode. Not part of the test suite: minutes per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("sync", "one_step", "async", "replay", "all")
+
+
+def summarize(metrics: list[dict], summary: dict, target: float, marks: list[float]) -> dict:
+    steps = [m for m in metrics if m["step"] > 0]
+    evals = [(m["wall_s"], m["eval_accuracy"]) for m in metrics if "eval_accuracy" in m]
+    start = metrics[0]["wall_s"]  # after start-up and the initial evaluation
+    train_wall = max(steps[-1]["wall_s"] - start, 1e-9) if steps else 1e-9
+    waited = sum(m.get("rollout_s", 0.0) for m in steps)
+    at = {}
+    for mark in marks:
+        seen = [acc for wall, acc in evals if wall - start <= mark]
+        at[f"acc@{mark:.0f}s"] = seen[-1] if seen else None
+    reached = [wall - start for wall, acc in evals if acc >= target]
+    return {
+        "steps": len(steps),
+        "samples_per_s": sum(m.get("samples_trained", 0) for m in steps) / train_wall,
+        "gen_tokens_per_s": sum(m.get("gen_tokens", 0) for m in steps) / train_wall,
+        "trainer_idle_fraction": waited / train_wall,
+        "staleness_mean": _mean([m.get("staleness_mean", 0.0) for m in steps]),
+        "staleness_max": max((m.get("staleness_max", 0) for m in steps), default=0),
+        "replay_fraction": _mean([m.get("replay_fraction", 0.0) for m in steps]),
+        "initial_accuracy": summary["initial_eval_accuracy"],
+        "final_accuracy": summary["final_eval_accuracy"],
+        "time_to_target_s": reached[0] if reached else None,
+        **at,
+        "curve": [(wall - start, acc) for wall, acc in evals],
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, r in results.items():
+        xs, ys = zip(*r["curve"])
+        ax.plot(xs, ys, marker="o", label=mode)
+    ax.set_xlabel("training wall time (s, after start-up)")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=150.0)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--target", type=float, default=0.6)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    from eddyrl.config import load_config
+    from eddyrl.launch import train
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    common = [f"loop.max_seconds={args.seconds}", "loop.steps=100000",
+              f"loop.eval_every={args.eval_every}", *args.overrides]
+    print(f"# bench/modes.py on {platform.node()} ({os.cpu_count()} CPUs, "
+          f"{platform.processor() or platform.machine()}), python {sys.version.split()[0]}")
+    print(f"# modes {modes}; budget {args.seconds:.0f} s of training each; target accuracy "
+          f"{args.target}; overrides {common}")
+    marks = [args.seconds / 4, args.seconds / 2, args.seconds]
+    results = {}
+    for mode in modes:
+        run_dir = out / mode
+        config = load_config(ROOT / "configs" / "modes" / f"{mode}.yaml",
+                             [*common, f"run_dir={run_dir}"])
+        began = time.monotonic()
+        summary = json.loads(train(config).read_text())
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        results[mode] = summarize(metrics, summary, args.target, marks)
+        print(f"# {mode}: done in {time.monotonic() - began:.0f} s", flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    columns = ["steps", "samples_per_s", "gen_tokens_per_s", "trainer_idle_fraction",
+               "staleness_mean", "staleness_max", "replay_fraction",
+               *[f"acc@{m:.0f}s" for m in marks], "time_to_target_s", "initial_accuracy",
+               "final_accuracy"]
+    print("| mode | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for mode, r in results.items():
+        cells = [_fmt(r[c]) for c in columns]
+        print(f"| {mode} | " + " | ".join(cells) + " |")
+    try:
+        plot(results, out / "accuracy_vs_time.png")
+        print(f"# wrote {out / 'results.json'} and {out / 'accuracy_vs_time.png'}")
+    except ImportError:
+        print(f"# wrote {out / 'results.json'} (pip install matplotlib for the PNG)")
+    return 0
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
