@@ -109,21 +109,21 @@ class Controller:
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()}}
 
     async def step(self) -> dict[str, Any]:
-        """Roll out the fresh part of a batch on the current policy, add replayed groups, train,
-        publish the new weights."""
+        """Take the oldest fresh batch (waiting for it: `rollout_s`), add replayed groups, train,
+        publish the new weights. A step whose groups all carry no signal trains nothing but
+        still advances the version, so the window admits the next batch."""
         t0 = self.runtime.now()
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         groups = fresh + [group for group, _ in replayed]
-        if not groups:  # every group uninformative: nothing to learn from this step
-            self._record_evictions()
-            return {**rollout_metrics, "rollout_s": t1 - t0, "skipped": 1}
-        weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
-        batch = build_train_batch(groups, self.settings.pad_id, weights=weights,
-                                  normalize_std=self.settings.algorithm.normalize_std)
-        train_metrics = await self.runtime.train(batch)
+        train_metrics: dict[str, float] = {}
+        if groups:
+            weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
+            batch = build_train_batch(groups, self.settings.pad_id, weights=weights,
+                                      normalize_std=self.settings.algorithm.normalize_std)
+            train_metrics = await self.runtime.train(batch)
         t2 = self.runtime.now()
         self.window.advance()
         await self.runtime.sync_weights(self.version)
@@ -137,8 +137,9 @@ class Controller:
         return {**rollout_metrics, **train_metrics, "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
                 "staleness_max": max(lags, default=0),
-                "samples_trained": len(batch), "replay_samples": replay_samples,
-                "replay_fraction": len(replayed) / len(groups),
+                "samples_trained": sum(len(g.trajectories) for g in groups),
+                "replay_samples": replay_samples, "skipped": int(not groups),
+                "replay_fraction": len(replayed) / max(len(groups), 1),
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
                 "tokens_per_s": rollout_metrics["gen_tokens"] / max(t1 - t0, 1e-9)}
 

@@ -92,7 +92,7 @@ def test_cli_errors_are_one_line_without_traceback(capsys):
 def test_shipped_configs_load():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
     assert configs, "configs/ holds no YAML file"
     for path in configs:
         load_config(path)
