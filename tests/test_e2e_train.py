@@ -60,3 +60,30 @@ def test_two_ranks_two_workers_collective_channel(tiny_model_dir, tmp_path):
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint").state_dict()
     start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert any(not torch.equal(saved[k], start[k]) for k in start)
+
+
+@pytest.mark.slow
+def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
+    """A real asynchronous run (K = 1, replay, two rollout workers): staleness stays within K,
+    every trajectory is on one version, and the ledger accounts for every group."""
+    from eddyrl.config import load_config
+    from eddyrl.core.ledger import Ledger
+    from eddyrl.launch import train
+
+    config = load_config(overrides=[
+        f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
+        "rollout.num_workers=2", "algorithm.max_staleness=1", "algorithm.decoupled=true",
+        "algorithm.tis_cap=2.0", "algorithm.dynamic_sampling=false", "replay.max_fraction=0.5",
+        "replay.max_lag=2", *SMALL, "loop.steps=4"])
+    summary = json.loads(train(config).read_text())
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = lines[1:]
+    assert [m["staleness_max"] for m in steps][1:] == [1, 1, 1]  # the pipeline runs ahead
+    assert all(m["staleness_max"] <= 1 for m in steps)  # C3
+    assert all(m["groups_kept"] == 2 for m in steps)  # (1 - 0.5) * 4 fresh groups per step
+    assert [m["replay_samples"] for m in steps][1:] == [8, 8, 8]  # 2 replayed groups x 4
+    ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
+    trained = {i: n for i, n in ledger.fresh_train_counts_by_prompt(0).items() if n}
+    assert len(trained) == 8 and set(trained.values()) == {1}
+    assert summary["ledger"]["trained_fresh"] + summary["ledger"]["in_replay"] + \
+        summary["ledger"]["evicted"] + summary["ledger"]["done"] == 8
