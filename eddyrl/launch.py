@@ -14,7 +14,8 @@ from .config import EddyConfig, to_yaml
 from .core.controller import Controller, LoopSettings
 from .core.rewarding import SafeReward, load_reward_fn
 from .engines.inference.base import SamplingParams
-from .runtime.placement import resolve_role_platforms
+from .hal import get_platform
+from .runtime.placement import resolve_role_platforms, role_platform_name
 from .tasks.prompts import PromptSet, load_splits
 
 
@@ -63,13 +64,12 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
 def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> dict[str, float]:
     """Held-out accuracy of a saved model, with the same evaluation as `eddy train`."""
     from .engines.registry import load_engine_class
-    from .hal import get_platform
     from .models.config import ModelConfig
     from .runtime.inprocess import InProcessRuntime
 
     model_path = ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
-    platform = get_platform(config.rollout.platform or config.platform)
+    platform = get_platform(role_platform_name(config, "rollout"))  # eval needs no trainer
     engine = load_engine_class("rollout", config.rollout.engine)(
         model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
     controller = Controller(InProcessRuntime(engine), settings, train_set, eval_set,

@@ -11,7 +11,7 @@ from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
 from ..tasks.config import DataConfig
-from ..validation import check_range
+from ..validation import check_range, contradiction
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,3 +35,9 @@ class EddyConfig:
             section = getattr(self, f.name)
             if is_dataclass(section):
                 section.validate(f.name)
+        slots = int(self.replay.max_fraction * self.loop.batch_prompts + 1e-9)
+        if slots >= self.loop.batch_prompts:
+            raise contradiction(
+                f"replay.max_fraction = {self.replay.max_fraction} leaves no fresh group in a "
+                f"batch of loop.batch_prompts = {self.loop.batch_prompts}; every step needs "
+                "fresh data (max_fraction < 1)")

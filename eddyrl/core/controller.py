@@ -2,10 +2,11 @@
 the runtime gives it and takes timestamps from `runtime.now()`, so the same loop runs on Ray and
 under a simulator's virtual clock. It does no I/O; metrics go to the `log` callback.
 
-Synchronous GRPO here: each step rolls out the fresh part of a batch on the current weights
-(staleness 0), adds replayed groups (ReFlow's replay cycle: at most floor(sigma*B), weighted tau,
-lag <= delta), trains, and syncs the new weights to every rollout worker. The ledger records
-every group's lifecycle: the proof that each prompt was trained exactly once as fresh data.
+Each step trains on the oldest fresh batch that the version window admitted (staleness <= K;
+K = 0 is synchronous GRPO on the current weights), plus replayed groups (ReFlow's replay cycle:
+at most floor(sigma*B), weighted tau, lag <= delta), then publishes the new weights to every
+rollout worker. The ledger records every group's lifecycle: the proof that each prompt was
+trained exactly once as fresh data.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
-from .version_window import VersionWindow
 from .rewarding import SafeReward
 from .trajectory import Group, Trajectory
+from .version_window import VersionWindow
 
 
 class Runtime(Protocol):
@@ -117,6 +118,8 @@ class Controller:
         replayed = self.replay.select(want, self.version)
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
+        lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
+                for g in fresh for t in g.trajectories if t.result.versions]
         groups = fresh + [group for group, _ in replayed]
         train_metrics: dict[str, float] = {}
         if groups:
@@ -132,8 +135,6 @@ class Controller:
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
-        lags = [self.version - 1 - v for g in fresh for t in g.trajectories
-                for v in t.result.versions[:1]]  # behaviour version of each trajectory
         return {**rollout_metrics, **train_metrics, "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
                 "staleness_max": max(lags, default=0),

@@ -20,6 +20,7 @@ from ..core.batching import split_for_ranks
 from ..engines.inference.base import GenerationRequest, GenerationResult
 from ..errors import EddyError
 from ..hal import get_platform
+from .placement import role_platform_name
 from .workers import RolloutWorker, TrainerRank
 
 
@@ -58,8 +59,8 @@ class RayRuntime:
         # Fractional CPUs: on a 2-core laptop all workers must fit at once (they take turns).
         cpus = min(1.0, (config.cluster.num_cpus or os.cpu_count() or 2) /
                    (config.rollout.num_workers + config.train.num_workers + 1))
-        train_platform = config.train.platform or config.platform
-        rollout_platform = config.rollout.platform or config.platform
+        train_platform = role_platform_name(config, "train")
+        rollout_platform = role_platform_name(config, "rollout")
         world = config.train.num_workers
         # File-based rendezvous: one machine's groups need no listening socket at all.
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",

@@ -13,6 +13,7 @@ from ..core.losses import make_policy_loss
 from ..engines.inference.base import GenerationRequest, GenerationResult
 from ..engines.registry import load_engine_class
 from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
+from .placement import role_platform_name
 
 
 def _prepare_process(config: EddyConfig) -> None:
@@ -26,8 +27,8 @@ class RolloutWorker:
     def __init__(self, config: EddyConfig, index: int, model_path: str) -> None:
         _prepare_process(config)
         self.config = config
-        self.platform = get_platform(config.rollout.platform or config.platform)
-        self.train_platform = get_platform(config.train.platform or config.platform,
+        self.platform = get_platform(role_platform_name(config, "rollout"))
+        self.train_platform = get_platform(role_platform_name(config, "train"),
                                            require_available=False)
         os.environ.update(self.platform.inference_engine_env())
         engine_cls = load_engine_class("rollout", config.rollout.engine)
@@ -69,30 +70,30 @@ class TrainerRank:
         _prepare_process(config)
         self.config = config
         self.rank = rank
-        self.platform = get_platform(config.train.platform or config.platform)
-        self.rollout_platform = get_platform(config.rollout.platform or config.platform,
+        self.platform = get_platform(role_platform_name(config, "train"))
+        self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
                                              require_available=False)
         train, algo = config.train, config.algorithm
         temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
         engine_cls = load_engine_class("train", train.engine)
-        self.engine = engine_cls(
-            model_path, self.platform, rank=rank, world_size=world, init_method=init_method,
-            lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-            micro_batch_size=train.micro_batch_size, seed=config.seed, temperature=temperature,
-            local=config.cluster.address is None, timeout_s=config.cluster.timeout_s)
+
+        def build(**optimizer):
+            return engine_cls(model_path, self.platform, rank=rank, world_size=world,
+                              init_method=init_method, micro_batch_size=train.micro_batch_size,
+                              seed=config.seed, temperature=temperature,
+                              local=config.cluster.address is None,
+                              timeout_s=config.cluster.timeout_s, **optimizer)
+
+        self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
+                            grad_clip=train.grad_clip)
         self.loss_fn = make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
                                         kl_coef=algo.kl_coef, tis_cap=algo.tis_cap,
                                         dual_clip=algo.dual_clip)
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
-        self.reference = None
-        if algo.kl_coef > 0:
-            self.reference = engine_cls(
-                model_path, self.platform, rank=rank, world_size=world, init_method=init_method,
-                micro_batch_size=train.micro_batch_size, seed=config.seed,
-                temperature=temperature, local=config.cluster.address is None,
-                timeout_s=config.cluster.timeout_s)
+        self.reference = build() if algo.kl_coef > 0 else None
         self.channel: WeightChannel | None = None
+        self._outgoing: list[dict[str, torch.Tensor]] = []  # buckets awaiting send_weights
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """The RL update on this rank's rows: `mini_batches` optimizer steps, plus how far the

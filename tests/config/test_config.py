@@ -39,6 +39,15 @@ def test_override_values_are_typed():
     (["seed=-2"], ["'seed' = -2"]),
     (["rollout=3"], ["'rollout'", "is a section"]),
     (["platform"], ["'platform' is not of the form key=value"]),
+    (["replay.max_fraction=1.0"], ["contradictory", "leaves no fresh group"]),
+    (["replay.max_fraction=0.25", "replay.max_lag=0"], ["contradictory", "max_lag = 0"]),
+    (["algorithm.clip_high=0.1"], ["contradictory", "clip_high"]),
+    (["algorithm.max_staleness=2", "algorithm.max_refill_rounds=1"],
+     ["contradictory", "max_refill_rounds"]),
+    (["algorithm.dual_clip=0.5"], ["'algorithm.dual_clip' = 0.5"]),
+    (["data.prompt_overflow=cut"], ["'data.prompt_overflow' = 'cut'", "'truncate'"]),
+    (["data.train_path=/x.jsonl"], ["contradictory", "given together"]),
+    (["model.path=builtin:nope"], ["no built-in model 'nope'", "tiny_warmstart"]),
     (["=cpu"], ["is not of the form key=value"]),
 ])
 def test_bad_overrides_are_named(overrides, fragments):
