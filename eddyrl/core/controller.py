@@ -15,7 +15,7 @@ import asyncio
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..tasks.prompts import Prompt
@@ -33,8 +33,8 @@ class Runtime(Protocol):
     workers: list[Any]
 
     def now(self) -> float: ...
-    async def generate(self, worker: int, requests: list[GenerationRequest]
-                       ) -> list[GenerationResult]: ...
+    def generate(self, worker: int, requests: list[GenerationRequest]
+                 ) -> AsyncIterator[GenerationResult]: ...
     async def train(self, batch: TrainBatch) -> dict[str, float]: ...
     async def sync_weights(self, version: int) -> None: ...
 
@@ -243,12 +243,16 @@ class Controller:
                 owner[request_id] = group
                 per_worker[index % len(per_worker)].append(
                     GenerationRequest(request_id, group.prompt_ids, sampling))
-        calls = [self.runtime.generate(w, reqs) for w, reqs in enumerate(per_worker) if reqs]
-        for finished in asyncio.as_completed(calls):
-            for result in await finished:
+
+        async def score(worker: int, requests: list[GenerationRequest]) -> None:
+            # Rewards stream: each trajectory is scored as soon as it finishes, while the
+            # long tail of its batch is still generating.
+            async for result in self.runtime.generate(worker, requests):
                 group = owner[result.request_id]
                 reward, error = self.reward(self.decode(result.token_ids), group.answer)
                 group.trajectories.append(Trajectory(result, reward, error))
+
+        await asyncio.gather(*(score(w, reqs) for w, reqs in enumerate(per_worker) if reqs))
         for group in groups:  # a fixed order inside each group, whatever the completion order
             group.trajectories.sort(key=lambda t: int(t.result.request_id.rsplit("-", 1)[1]))
             if track:

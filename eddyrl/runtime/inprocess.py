@@ -4,6 +4,7 @@ run the controller's held-out evaluation without starting Ray."""
 from __future__ import annotations
 
 import time
+from typing import AsyncIterator
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, InferenceEngine
 
@@ -16,9 +17,9 @@ class InProcessRuntime:
     def now(self) -> float:
         return time.monotonic()
 
-    async def generate(self, worker: int, requests: list[GenerationRequest]
-                       ) -> list[GenerationResult]:
-        return [result async for result in self.workers[worker].generate(requests)]
+    def generate(self, worker: int, requests: list[GenerationRequest]
+                 ) -> AsyncIterator[GenerationResult]:
+        return self.workers[worker].generate(requests)
 
     async def train(self, batch):
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 from ..config import EddyConfig
 from ..core.batch import TrainBatch
@@ -108,9 +108,17 @@ class RayRuntime:
         return time.monotonic()
 
     async def generate(self, worker: int, requests: list[GenerationRequest]
-                       ) -> list[GenerationResult]:
-        return await self._call(f"rollout worker {worker}", f"generate ({len(requests)} requests)",
-                                self.workers[worker].generate.remote(requests))
+                       ) -> AsyncIterator[GenerationResult]:
+        """The worker's results one by one as its trajectories finish; the deadline applies to
+        each wait for the next result."""
+        stream = self.workers[worker].generate.options(num_returns="streaming").remote(requests)
+        what = f"generate ({len(requests)} requests)"
+        while True:
+            try:
+                ref = await self._call(f"rollout worker {worker}", what, stream.__anext__())
+            except StopAsyncIteration:
+                return
+            yield await self._call(f"rollout worker {worker}", what, ref)
 
     async def train(self, batch: TrainBatch) -> dict[str, float]:
         parts = split_for_ranks(batch, len(self.trainers))

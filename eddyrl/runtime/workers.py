@@ -4,6 +4,7 @@ training engine. Both are plain classes; `runtime/ray.py` turns them into Ray ac
 from __future__ import annotations
 
 import os
+from typing import AsyncIterator
 
 import torch
 
@@ -37,8 +38,11 @@ class RolloutWorker:
                                  partial_rollout=config.rollout.partial_rollout)
         self.channel: WeightChannel | None = None
 
-    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return [result async for result in self.engine.generate(requests)]
+    async def generate(self, requests: list[GenerationRequest]
+                       ) -> AsyncIterator[GenerationResult]:
+        """Each result as soon as its trajectory finishes (a Ray streaming generator)."""
+        async for result in self.engine.generate(requests):
+            yield result
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)

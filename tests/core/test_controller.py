@@ -179,3 +179,18 @@ def test_bounded_staleness_keeps_c1_c2_c3(setup, tiny_model_dir, staleness):
     assert max(lags) == staleness  # the pipeline really runs ahead by K batches
     assert [m["staleness_max"] for m in controller.history[1:]] == \
         [max(lags[i * 6:(i + 1) * 6]) for i in range(4)]
+
+
+def test_rewards_stream_while_the_batch_is_still_generating(setup):
+    """A trajectory is scored as soon as it finishes, not when its whole batch has."""
+    runtime = setup[2]
+    seen_running = []
+
+    def reward(response, answer):
+        seen_running.append(runtime.engine.stats().running)
+        return float(len(seen_running) % 2)
+
+    controller = _controller(setup, reward, steps=1)
+    controller.settings.sampling.max_new_tokens = 24
+    asyncio.run(controller.step())
+    assert len(seen_running) == 12 and max(seen_running) > 0
