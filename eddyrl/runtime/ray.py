@@ -118,7 +118,8 @@ class RayRuntime:
                 ref = await self._call(f"rollout worker {worker}", what, stream.__anext__())
             except StopAsyncIteration:
                 return
-            yield await self._call(f"rollout worker {worker}", what, ref)
+            for result in await self._call(f"rollout worker {worker}", what, ref):
+                yield result
 
     async def train(self, batch: TrainBatch) -> dict[str, float]:
         parts = split_for_ranks(batch, len(self.trainers))

@@ -3,6 +3,7 @@ training engine. Both are plain classes; `runtime/ray.py` turns them into Ray ac
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import AsyncIterator
 
@@ -39,10 +40,31 @@ class RolloutWorker:
         self.channel: WeightChannel | None = None
 
     async def generate(self, requests: list[GenerationRequest]
-                       ) -> AsyncIterator[GenerationResult]:
-        """Each result as soon as its trajectory finishes (a Ray streaming generator)."""
-        async for result in self.engine.generate(requests):
-            yield result
+                       ) -> AsyncIterator[list[GenerationResult]]:
+        """Results as soon as their trajectories finish (a Ray streaming generator), grouped by
+        what is ready at once (e.g. everything that finished at one decode step): one object per
+        group of finishers, not per trajectory, keeps Ray's per-object cost off the hot path."""
+        ready: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for result in self.engine.generate(requests):
+                    ready.put_nowait(result)
+            finally:
+                ready.put_nowait(done)
+
+        task = asyncio.ensure_future(pump())
+        finished = False
+        while not finished:
+            batch = [await ready.get()]
+            while not ready.empty():
+                batch.append(ready.get_nowait())
+            finished = batch[-1] is done
+            results = [r for r in batch if r is not done]
+            if results:
+                yield results
+        await task  # re-raises an engine error
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
