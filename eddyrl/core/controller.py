@@ -194,10 +194,8 @@ class Controller:
         if not self._inflight:
             return [], _rollout_metrics([], self.reward.errors)
         generated = await self._inflight.popleft()
-        taken = self.window.take_batch()
+        taken = self.window.take_batch()  # checks C3 for every group it hands out
         assert taken == [g.group_id for g in generated], "batches must train in dispatch order"
-        for group in generated:
-            self.window.check_trainable(group.dispatch_version)
         kept = self._drop_uninformative(generated)
         for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
             if len(kept) >= self.fresh_per_step:

@@ -6,8 +6,8 @@ compute alive. Steps run in a worker thread, so `abort`, `stats` and weight load
 while a batch decodes.
 
 Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a
-host-side staging copy while decoding goes on; they are applied once no request is running, and
-new batches wait for that. So every token of a trajectory comes from one version (DORA's C1).
+staging copy (kept where the weight channel delivered them) while decoding goes on; they are
+applied once no request is running, and new batches wait for that. So every token of a trajectory comes from one version (DORA's C1).
 With `partial_rollout=True` they are applied at the next decode step instead: running
 trajectories continue on the new version, and every token records the version that sampled it.
 """
@@ -218,7 +218,9 @@ class HFInferenceEngine(InferenceEngine):
             unknown = [name for name in bucket if name not in targets]
             if unknown:
                 raise KeyError(f"weights {unknown[:3]} do not belong to this model")
-            staged.update({name: tensor.detach().to("cpu") for name, tensor in bucket.items()})
+            # Kept as delivered: moving device tensors back to the host here would only add a
+            # round trip before `_apply_staged` copies them onto the device again.
+            staged.update({name: tensor.detach() for name, tensor in bucket.items()})
         missing = {name for name, t in targets.items() if isinstance(t, torch.nn.Parameter)}
         missing -= staged.keys()
         if missing and not self._tied_only(missing, set(staged)):
@@ -226,7 +228,7 @@ class HFInferenceEngine(InferenceEngine):
         return staged
 
     def _apply_staged(self) -> None:
-        """The only step on the critical path: host staging -> device, between decode steps."""
+        """The only step on the critical path: staging copy -> model weights, between steps."""
         if self._staged is None:
             return
         version, staged = self._staged
