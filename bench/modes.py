@@ -1,11 +1,11 @@
 """Training modes side by side: the tiny default on this machine, each mode from the same warm
 start, seed and wall-clock budget, one after another in one invocation.
 
-    python bench/modes.py [--seconds 150] [--modes sync,one_step,async,replay,all]
+    python bench/modes.py [--seconds 150] [--modes sync,one_step,async,multiversion,replay,all]
                           [--target 0.6] [--out bench/results] [key=value ...]
 
-Prints how it was run and a table (training samples/s, generated tokens/s, trainer idle
-fraction, staleness, replay fraction, held-out accuracy at fixed times, time to the target
+Prints how it was run and a table (training samples/s, generated tokens/s, trainer and rollout
+idle fractions, staleness, replay fraction, held-out accuracy at fixed times, time to the target
 accuracy, final accuracy), and writes results.json and accuracy_vs_time.png into --out.
 Extra key=value overrides apply to every mode. Not part of the test suite: minutes per mode.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("sync", "one_step", "async", "replay", "all")
+MODES = ("sync", "one_step", "async", "multiversion", "replay", "all")
 
 
 def summarize(metrics: list[dict], summary: dict, target: float, marks: list[float]) -> dict:
@@ -40,6 +40,9 @@ def summarize(metrics: list[dict], summary: dict, target: float, marks: list[flo
         "samples_per_s": sum(m.get("samples_trained", 0) for m in steps) / train_wall,
         "gen_tokens_per_s": sum(m.get("gen_tokens", 0) for m in steps) / train_wall,
         "trainer_idle_fraction": waited / train_wall,
+        # share of the run (evaluations included) the rollout engines spent not decoding
+        "rollout_idle_fraction": 1 - summary["rollout_busy_s"] / max(
+            summary["seconds"] * summary["rollout_workers"], 1e-9),
         "staleness_mean": _mean([m.get("staleness_mean", 0.0) for m in steps]),
         "staleness_max": max((m.get("staleness_max", 0) for m in steps), default=0),
         "replay_fraction": _mean([m.get("replay_fraction", 0.0) for m in steps]),
@@ -108,7 +111,7 @@ def main() -> int:
         print(f"# {mode}: done in {time.monotonic() - began:.0f} s", flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     columns = ["steps", "samples_per_s", "gen_tokens_per_s", "trainer_idle_fraction",
-               "staleness_mean", "staleness_max", "replay_fraction",
+               "rollout_idle_fraction", "staleness_mean", "staleness_max", "replay_fraction",
                *[f"acc@{m:.0f}s" for m in marks], "time_to_target_s", "initial_accuracy",
                "final_accuracy"]
     print("| mode | " + " | ".join(columns) + " |")

@@ -54,7 +54,7 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     rollout = config.rollout
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
-        seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay,
+        seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
                                 top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
@@ -118,6 +118,10 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
 
 async def _run_and_save(controller: Controller, runtime, checkpoint: Path) -> dict[str, Any]:
     summary = await controller.run()
+    # Rollout utilisation: time the engines spent in forward passes, all workers together.
+    stats = await runtime.worker_stats()
+    summary.update(rollout_workers=len(stats),
+                   rollout_busy_s=sum(s.busy_seconds for s in stats))
     await runtime.save(str(checkpoint))
     # The ledger goes with the checkpoint: which prompts were trained fresh, replayed, dropped.
     (checkpoint / "ledger.json").write_text(json.dumps(controller.ledger.to_dict()))

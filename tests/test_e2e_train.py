@@ -87,3 +87,30 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
     assert len(trained) == 8 and set(trained.values()) == {1}
     assert summary["ledger"]["trained_fresh"] + summary["ledger"]["in_replay"] + \
         summary["ledger"]["evicted"] + summary["ledger"]["done"] == 8
+
+
+@pytest.mark.slow
+def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path):
+    """configs/modes/multiversion.yaml (DORA, K = 3) on two Ray rollout workers: the pipeline
+    runs up to K versions ahead and never beyond, every group ends in a final or collected
+    state (none left generating or queued: C2), and no prompt is trained twice as fresh."""
+    from pathlib import Path
+
+    from eddyrl.config import load_config
+    from eddyrl.core.ledger import Ledger
+    from eddyrl.launch import train
+
+    mode = Path(__file__).resolve().parents[1] / "configs" / "modes" / "multiversion.yaml"
+    config = load_config(mode, overrides=[
+        f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
+        "rollout.num_workers=2", "algorithm.dynamic_sampling=false", *SMALL,
+        "loop.steps=6", "loop.eval_every=0"])
+    summary = json.loads(train(config).read_text())
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(steps) == 6 and all(m["groups_kept"] == 4 for m in steps)
+    assert max(m["staleness_max"] for m in steps) <= 3  # C3
+    assert max(m["staleness_max"] for m in steps) >= 1  # it did run ahead
+    assert summary["ledger"]["generating"] == 0 and summary["ledger"]["queued"] == 0
+    ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
+    counts = ledger.fresh_train_counts_by_prompt(0)
+    assert sum(counts.values()) == 6 * 4 and set(counts.values()) <= {0, 1}

@@ -2,30 +2,35 @@
 the runtime gives it and takes timestamps from `runtime.now()`, so the same loop runs on Ray and
 under a simulator's virtual clock. It does no I/O; metrics go to the `log` callback.
 
-Each step trains on the oldest fresh batch that the version window admitted (staleness <= K;
-K = 0 is synchronous GRPO on the current weights), plus replayed groups (ReFlow's replay cycle:
-at most floor(sigma*B), weighted tau, lag <= delta), then publishes the new weights to every
-rollout worker. The ledger records every group's lifecycle: the proof that each prompt was
-trained exactly once as fresh data.
+Each step keeps the rollout full (as many groups in flight as the version window admits: up
+to K + 1 batches), trains on the fresh batch the window hands out (the first collected groups
+that keep every other group within K versions; K = 0 is synchronous GRPO on the current
+weights) plus replayed groups (ReFlow's replay cycle: at most floor(sigma*B), weighted tau,
+lag <= delta), then publishes the new weights to every rollout worker and lets the orchestrator
+move legacy-version work off the workers the new version needs (DORA). Streaming itself
+(workers, store, scoring, migration) is `rollout.StreamingRollout`. The ledger records every
+group's lifecycle: the proof that each prompt was trained exactly once as fresh data.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from ..engines.config import RolloutConfig
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..tasks.prompts import Prompt
 from .batch import TrainBatch
 from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
 from .ledger import Ledger
+from .orchestrator import VersionOrchestrator
 from .replay import ReplayBuffer, ReplayConfig
 from .rewarding import SafeReward
-from .trajectory import Group, Trajectory
+from .rollout import StreamingRollout
+from .trajectory import Group
 from .version_window import VersionWindow
 
 
@@ -35,8 +40,12 @@ class Runtime(Protocol):
     def now(self) -> float: ...
     def generate(self, worker: int, requests: list[GenerationRequest]
                  ) -> AsyncIterator[GenerationResult]: ...
+    async def abort(self, worker: int, request_ids: list[str]) -> None: ...
     async def train(self, batch: TrainBatch) -> dict[str, float]: ...
-    async def sync_weights(self, version: int) -> None: ...
+    async def sync_weights(self, version: int) -> list[int]:
+        """Publish `version` to every rollout worker; returns the version each one now hosts
+        (a busy worker keeps its running requests' version, with the new one staged)."""
+        ...
 
 
 @dataclass
@@ -48,6 +57,7 @@ class LoopSettings:
     seed: int
     pad_id: int
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 @dataclass
@@ -65,15 +75,19 @@ class Controller:
     _pending: deque = field(default_factory=deque)  # (epoch, prompt) drawn, not yet rolled out
 
     def __post_init__(self) -> None:
-        loop, algo = self.settings.loop, self.settings.algorithm
+        loop, algo, rollout = self.settings.loop, self.settings.algorithm, self.settings.rollout
         self.replay = ReplayBuffer(self.settings.replay)
         # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
         self.fresh_per_step = loop.batch_prompts - self.replay.replay_slots(loop.batch_prompts)
-        # Admission bounds staleness to K: at most K batches are generated ahead of training.
+        # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS).
         self.window = VersionWindow(max_staleness=algo.max_staleness,
-                                    batch_groups=self.fresh_per_step,
+                                    batch_groups=max(self.fresh_per_step, 1),
                                     max_concurrent=(algo.max_staleness + 1) * loop.batch_prompts)
-        self._inflight: deque[asyncio.Future] = deque()  # fresh batches, in dispatch order
+        self.rollout = StreamingRollout(
+            self.runtime, self.window,
+            VersionOrchestrator(len(self.runtime.workers), rollout.max_batch_size),
+            self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
+            migrate=rollout.migrate)
         self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
 
     @property
@@ -110,12 +124,14 @@ class Controller:
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()}}
 
     async def step(self) -> dict[str, Any]:
-        """Take the oldest fresh batch (waiting for it: `rollout_s`), add replayed groups, train,
-        publish the new weights. A step whose groups all carry no signal trains nothing but
-        still advances the version, so the window admits the next batch."""
+        """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
+        publish the new weights, rebalance workers between versions. A step whose groups all
+        carry no signal trains nothing but still advances the version, so the window admits
+        the next batch."""
         t0 = self.runtime.now()
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
+        moved_before = self.rollout.migrated
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
@@ -129,9 +145,11 @@ class Controller:
             train_metrics = await self.runtime.train(batch)
         t2 = self.runtime.now()
         self.window.advance()
-        await self.runtime.sync_weights(self.version)
+        self.rollout.published(self.version, await self.runtime.sync_weights(self.version))
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
+        # DORA: the new version's share of workers, before its prompts are dispatched.
+        await self.rollout.rebalance(self.window.capacity() * self.settings.n_samples)
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
@@ -141,8 +159,12 @@ class Controller:
                 "samples_trained": sum(len(g.trajectories) for g in groups),
                 "replay_samples": replay_samples, "skipped": int(not groups),
                 "replay_fraction": len(replayed) / max(len(groups), 1),
+                "migrated_requests": self.rollout.migrated - moved_before,
+                "inflight_groups": self.window.running,
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
-                "tokens_per_s": rollout_metrics["gen_tokens"] / max(t1 - t0, 1e-9)}
+                # tokens of this step's batch over the step's wall time: with rollout running
+                # ahead, the wait for the batch (rollout_s) can be ~0 and says nothing of speed
+                "tokens_per_s": rollout_metrics["gen_tokens"] / max(t3 - t0, 1e-9)}
 
     def _after_training(self, fresh: list[Group], replayed: list[Group]) -> None:
         """Ledger: fresh groups were trained once and go to replay (or are done); replays count."""
@@ -168,44 +190,49 @@ class Controller:
         return [self._pending.popleft() for _ in range(count)]
 
     def _fill_pipeline(self) -> None:
-        """Dispatch whole fresh batches while the version window admits them: one at a time
-        with K = 0 (synchronous), up to K + 1 ahead of training otherwise."""
-        size = self.fresh_per_step
+        """Dispatch whole fresh batches while the version window admits them at the latest
+        version: one at a time with K = 0 (synchronous), up to K + 1 ahead of training
+        otherwise; then, with `rollout.fill_legacy`, fill free slots of workers still busy
+        with a legacy version with new prompts of that version, where their deadline allows
+        (DORA's opportunistic fill)."""
+        size, n = self.fresh_per_step, self.settings.n_samples
         while size and self.window.capacity() >= size:
-            drawn = self._next_prompts(size)
-            groups = self._new_groups([prompt for _, prompt in drawn])
-            for group, (epoch, prompt) in zip(groups, drawn):
-                group.dispatch_version = self.window.dispatch(group.group_id)
-                self.ledger.queue(group.group_id, prompt.index, epoch)
-            self._inflight.append(asyncio.ensure_future(self._generate(
-                groups, self.settings.n_samples, self.settings.sampling, track=True)))
+            self.rollout.dispatch(self._queue_groups(size), n, self.settings.sampling)
+        if not self.settings.rollout.fill_legacy or self.settings.rollout.partial_rollout:
+            return
+        for worker, version, free_slots in self.rollout.orchestrator.legacy_room():
+            count = min(free_slots // n, self.window.capacity(version))
+            if count > 0:
+                self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling,
+                                      version=version, worker=worker)
+
+    def _queue_groups(self, count: int) -> list[Group]:
+        drawn = self._next_prompts(count)
+        groups = self._new_groups([prompt for _, prompt in drawn])
+        for group, (epoch, prompt) in zip(groups, drawn):
+            self.ledger.queue(group.group_id, prompt.index, epoch)
+        return groups
 
     async def _drain_pipeline(self) -> None:
-        """Batches still generating when training ends finish (collected, never trained)."""
-        while self._inflight:
-            await self._inflight.popleft()
+        """Groups still generating when training ends finish (collected, never trained)."""
+        await self.rollout.drain()
 
     async def collect_fresh(self) -> tuple[list[Group], dict[str, Any]]:
-        """The oldest dispatched fresh batch (C3: its staleness is checked against K); with
-        dynamic sampling, uninformative groups are dropped (recorded as evicted) and, in
+        """The next fresh batch the window hands out (C3 is checked for every group in it);
+        with dynamic sampling, uninformative groups are dropped (recorded as evicted) and, in
         synchronous mode, refilled from new prompts for up to `max_refill_rounds`."""
         algo = self.settings.algorithm
         self._fill_pipeline()
-        if not self._inflight:
+        if not self.fresh_per_step:
             return [], _rollout_metrics([], self.reward.errors)
-        generated = await self._inflight.popleft()
-        taken = self.window.take_batch()  # checks C3 for every group it hands out
-        assert taken == [g.group_id for g in generated], "batches must train in dispatch order"
+        generated = await self.rollout.next_batch()
         kept = self._drop_uninformative(generated)
         for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
             if len(kept) >= self.fresh_per_step:
                 break
-            drawn = self._next_prompts(self.fresh_per_step - len(kept))
-            groups = self._new_groups([prompt for _, prompt in drawn])
-            for group, (epoch, prompt) in zip(groups, drawn):
-                self.ledger.queue(group.group_id, prompt.index, epoch)
-            await self._generate(groups, self.settings.n_samples, self.settings.sampling,
-                                 track=True)
+            groups = self._queue_groups(self.fresh_per_step - len(kept))
+            await self.rollout.generate_now(groups, self.settings.n_samples,
+                                            self.settings.sampling, track=True)
             generated += groups
             kept += self._drop_uninformative(groups)
         return kept, _rollout_metrics(generated, self.reward.errors)
@@ -225,45 +252,12 @@ class Controller:
         return [Group(f"g{next(self._ids)}", p.prompt, p.answer, list(p.prompt_ids),
                       self.version) for p in prompts]
 
-    async def _generate(self, groups: list[Group], n: int, sampling: SamplingParams,
-                        track: bool = False) -> list[Group]:
-        """Generate `n` responses per group, spread over the workers group by group, and score
-        each response as soon as its worker returns. Tracked (training) groups are recorded in
-        the ledger and the version window; evaluation groups are not."""
-        per_worker: list[list[GenerationRequest]] = [[] for _ in self.runtime.workers]
-        owner: dict[str, Group] = {}
-        for index, group in enumerate(groups):
-            if track:
-                self.ledger.start(group.group_id, index % len(per_worker),
-                                  group.dispatch_version)
-            for sample in range(n):
-                request_id = f"{group.group_id}-{sample}"
-                owner[request_id] = group
-                per_worker[index % len(per_worker)].append(
-                    GenerationRequest(request_id, group.prompt_ids, sampling))
-
-        async def score(worker: int, requests: list[GenerationRequest]) -> None:
-            # Rewards stream: each trajectory is scored as soon as it finishes, while the
-            # long tail of its batch is still generating.
-            async for result in self.runtime.generate(worker, requests):
-                group = owner[result.request_id]
-                reward, error = self.reward(self.decode(result.token_ids), group.answer)
-                group.trajectories.append(Trajectory(result, reward, error))
-
-        await asyncio.gather(*(score(w, reqs) for w, reqs in enumerate(per_worker) if reqs))
-        for group in groups:  # a fixed order inside each group, whatever the completion order
-            group.trajectories.sort(key=lambda t: int(t.result.request_id.rsplit("-", 1)[1]))
-            if track:
-                self.ledger.collect(group.group_id)
-                if self.window.is_running(group.group_id):
-                    self.window.collect(group.group_id)
-        return groups
-
     async def evaluate(self) -> dict[str, float]:
         """Held-out accuracy: one response per held-out prompt at `loop.eval_temperature`."""
         sampling = SamplingParams(**{**vars_of(self.settings.sampling),
                                      "temperature": self.settings.loop.eval_temperature})
-        groups = await self._generate(self._new_groups(self.eval_prompts.prompts), 1, sampling)
+        groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
+                                                 sampling, track=False)
         rewards = [g.trajectories[0].reward for g in groups]
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards)}

@@ -105,6 +105,25 @@ class ExperienceStore:
         return [group_id for group_id, group in self._groups.items()
                 if consumer not in group.consumed_by and _complete(group, needed)]
 
+    def is_complete(self, group_id: str, columns: Iterable[str]) -> bool:
+        """Whether every row of the group has every one of `columns`."""
+        return _complete(self._group(group_id), tuple(columns))
+
+    def take_groups(self, consumer: str, group_ids: Sequence[str], columns: Iterable[str],
+                    ) -> list[GroupRows]:
+        """Mark these groups consumed by `consumer` and return them, in the order given (a
+        scheduler upstream chose them). All or nothing: an unknown, incomplete or already
+        consumed group raises before anything is marked."""
+        needed = tuple(columns)
+        for group_id in group_ids:
+            group = self._group(group_id)
+            if consumer in group.consumed_by:
+                raise ValueError(f"group {group_id!r} was already consumed by {consumer!r}")
+            if not _complete(group, needed):
+                raise ValueError(f"group {group_id!r} is not ready: columns {list(needed)} "
+                                 f"filled {group.filled} of {len(group.rows)} rows")
+        return [self._hand_out(consumer, group_id, needed) for group_id in group_ids]
+
     def take(self, consumer: str, columns: Iterable[str], max_groups: int, min_groups: int = 1,
              ) -> list[GroupRows] | None:
         """Mark up to `max_groups` ready groups consumed by `consumer` and return them, oldest
@@ -116,14 +135,20 @@ class ExperienceStore:
         ready = self.ready_groups(consumer, needed)
         if len(ready) < min_groups:
             return None
-        taken = []
-        for group_id in ready[:max_groups]:
-            group = self._groups[group_id]
-            group.consumed_by.add(consumer)
-            values = {c: [self._cells[row][c] for row in group.rows] for c in needed}
-            taken.append(GroupRows(group_id=group_id, rows=list(group.rows), columns=values,
-                                   meta=group.meta))
-        return taken
+        return [self._hand_out(consumer, group_id, needed) for group_id in ready[:max_groups]]
+
+    def _hand_out(self, consumer: str, group_id: str, columns: tuple[str, ...]) -> GroupRows:
+        group = self._groups[group_id]
+        group.consumed_by.add(consumer)
+        values = {c: [self._cells[row][c] for row in group.rows] for c in columns}
+        return GroupRows(group_id=group_id, rows=list(group.rows), columns=values,
+                         meta=group.meta)
+
+    def _group(self, group_id: str) -> _Group:
+        try:
+            return self._groups[group_id]
+        except KeyError:
+            raise ValueError(f"group {group_id!r} is not in the store") from None
 
     def drop(self, group_id: str) -> None:
         """Free a group's rows (after training, or on eviction)."""

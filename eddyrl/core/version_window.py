@@ -1,17 +1,27 @@
 """Bounded-staleness admission for rollout: how many more prompt groups may be dispatched now, so
 that no group is trained more than K policy versions after the one that generated it.
 
-The rule is AReaL's, also Libra's admission control and DORA's constraint C3:
+Every group dispatched at version d has a deadline d + K: the last trainer step that may use it.
+The trainer takes exactly B groups per step. The window keeps the schedule feasible: for every
+future step s, the groups not yet trained that are due by s fit in the steps left: at most
+(s - version + 1)·B of them. For a new group at the current version v (deadline v + K) this is
+AReaL's rule, also Libra's admission control and DORA's constraint C3 (the trainer has taken
+v·B groups, so accepted + running - v·B are untaken):
 
     capacity = min(max_concurrent - running, (K + version + 1) * B - (accepted + running))
 
-Read it as slots. While the trainer is at version v, at most (K + v + 1)·B dispatches may have
-been issued in all. If the trainer takes its batches in dispatch order (batch t is the t-th run
-of B dispatched groups; `take_batch` does exactly this), a group dispatched at version d holds a
-slot below (K + d + 1)·B, so it lands in a batch t <= K + d and is trained at most K versions
-late. Taking batches in collection order instead is NOT covered by the formula: a slow group can
-be overtaken by later ones until it is K + 1 versions old. `advance` refuses to strand a running
-group like that, and `check_trainable` catches the rest.
+`capacity(d)` answers the same question for a group dispatched at an older version d still
+hosted by some worker (DORA fills idle slots of legacy-version workers): its deadline is earlier,
+so the bound is checked at every step from d + K on.
+
+Training takes groups in completion order, not dispatch order: `take_batch` hands out the B
+collected groups with the earliest deadlines, but only if what stays behind (running or not) can
+still be trained in time, i.e. at most j·B groups with deadline <= version + j, for j = 0..K
+(earliest-deadline-first is optimal for unit-size jobs, so it never refuses a batch that some
+other choice would allow). A slow trajectory therefore does not hold up a batch of fast ones
+until its own deadline comes; then the trainer waits for it (DORA slides its window only once the
+oldest version is fully collected). With K = 0 a batch is everything dispatched at the current
+version, as in synchronous training.
 
 K = 0 is synchronous on-policy training: step t's batch is generated entirely at version t.
 K >= 1 is asynchronous / multi-version rollout. A mode is a value of K, not a code path.
@@ -49,7 +59,7 @@ class VersionWindow:
         self.version = 0  # the trainer's current policy version
         self.accepted = 0  # groups collected, ever (a consumed slot stays consumed)
         # group -> dispatch version, in dispatch order, from dispatch until taken for training
-        # (or requeued). Dict order is the slot order `take_batch` relies on.
+        # (or requeued).
         self._dispatch_version: dict[str, int] = {}
         self._running: set[str] = set()
         self._running_per_version: Counter[int] = Counter()
@@ -61,11 +71,18 @@ class VersionWindow:
         """Groups dispatched and not yet collected (or requeued)."""
         return len(self._running)
 
-    def capacity(self) -> int:
-        """How many more groups may be dispatched now."""
+    def capacity(self, version: int | None = None) -> int:
+        """How many more groups may be dispatched now to generate with `version` (default: the
+        current one). Older versions are admitted only while their deadline is still ahead of
+        the trainer and the schedule stays feasible."""
         k, b = self.max_staleness, self.batch_groups
-        by_staleness = (k + self.version + 1) * b - (self.accepted + self.running)
-        return max(0, min(self.max_concurrent - self.running, by_staleness))
+        version = self.version if version is None else version
+        if version > self.version or (version < self.version and version + k <= self.version):
+            return 0  # a future version, or one whose groups would be due at this very step
+        # Each step from now to `deadline` trains B groups: those due by then must fit.
+        by_deadline = min((deadline - self.version + 1) * b - self._untaken_due_by(deadline)
+                          for deadline in range(version + k, self.version + k + 1))
+        return max(0, min(self.max_concurrent - self.running, by_deadline))
 
     def running_groups(self) -> list[str]:
         """Groups now generating, in dispatch order."""
@@ -85,6 +102,10 @@ class VersionWindow:
         """Versions some rollout must still host: those of running groups, plus the current one.
         At most K + 1 consecutive versions (`advance` keeps it so)."""
         return set(self._running_per_version) | {self.version}
+
+    def running_per_version(self) -> dict[int, int]:
+        """Running groups per dispatch version."""
+        return dict(self._running_per_version)
 
     def retirable(self, version: int) -> bool:
         """Whether weights of `version` may be dropped from rollout: older than the current
@@ -107,20 +128,23 @@ class VersionWindow:
 
     # -- protocol ------------------------------------------------------------------------------
 
-    def dispatch(self, group_id: str) -> int:
-        """Admit a group for rollout; returns the version it must be generated with (C1: one
-        version per trajectory, so this tag never changes while it runs)."""
+    def dispatch(self, group_id: str, version: int | None = None) -> int:
+        """Admit a group for rollout at `version` (default: the current one); returns the
+        version it must be generated with (C1: one version per trajectory, so this tag never
+        changes while it runs)."""
+        version = self.version if version is None else version
         if group_id in self._dispatch_version:
             raise VersionWindowError(f"group {group_id!r} is already dispatched")
-        if self.capacity() == 0:
+        if self.capacity(version) == 0:
             raise VersionWindowError(
-                f"no capacity to dispatch group {group_id!r}: running {self.running}/"
-                f"{self.max_concurrent}, accepted {self.accepted}, version {self.version}, "
-                f"max_staleness {self.max_staleness}, batch_groups {self.batch_groups}")
-        self._dispatch_version[group_id] = self.version
+                f"no capacity to dispatch group {group_id!r} at version {version}: running "
+                f"{self.running}/{self.max_concurrent}, accepted {self.accepted}, trainer "
+                f"version {self.version}, max_staleness {self.max_staleness}, batch_groups "
+                f"{self.batch_groups}")
+        self._dispatch_version[group_id] = version
         self._running.add(group_id)
-        self._running_per_version[self.version] += 1
-        return self.version
+        self._running_per_version[version] += 1
+        return version
 
     def collect(self, group_id: str) -> None:
         """The group's rollout finished; its slot now counts as accepted."""
@@ -134,20 +158,30 @@ class VersionWindow:
         del self._dispatch_version[group_id]
 
     def take_batch(self) -> list[str] | None:
-        """The next training batch in dispatch order: the B earliest-dispatched groups not yet
-        taken, once all of them are collected; None while any of them still runs. This is the
-        order under which the capacity formula proves staleness <= K."""
-        head = list(self._dispatch_version)[:self.batch_groups]
-        if len(head) < self.batch_groups or any(g in self._running for g in head):
+        """The next training batch: the B collected groups with the earliest deadlines (oldest
+        version first, then dispatch order), or None while fewer than B are collected or while
+        taking them would leave a group (running or not) unable to make its deadline."""
+        b, k = self.batch_groups, self.max_staleness
+        collected = [g for g in self._dispatch_version if g not in self._running]
+        if len(collected) < b:
             return None
-        for group_id in head:
+        collected.sort(key=self._dispatch_version.__getitem__)  # stable: dispatch order within
+        batch = collected[:b]
+        chosen = set(batch)
+        left = Counter(self._dispatch_version[g] + k for g in self._dispatch_version
+                       if g not in chosen)  # deadline -> groups left behind
+        due = 0
+        for j in range(k + 1):
+            due += left.get(self.version + j, 0)
+            if due > j * b:
+                return None
+        for group_id in batch:
             self.check_trainable(self._dispatch_version.pop(group_id))
-        return head
+        return batch
 
     def advance(self) -> int:
         """The trainer finished a step: the policy version moves on. Refuses while a running
-        group would fall more than K versions behind (DORA slides its window only once the
-        oldest version is fully collected): wait for it, or requeue it."""
+        group would fall more than K versions behind: wait for it, or requeue it."""
         if not self.can_advance():
             oldest = min(self._running_per_version)
             raise StalenessError(
@@ -158,6 +192,11 @@ class VersionWindow:
         return self.version
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _untaken_due_by(self, deadline: int) -> int:
+        """Groups dispatched and not yet taken (running or collected) due by step `deadline`."""
+        last_version = deadline - self.max_staleness
+        return sum(1 for v in self._dispatch_version.values() if v <= last_version)
 
     def _record(self, group_id: str) -> int:
         try:

@@ -1,5 +1,6 @@
-"""A runtime with one inference engine in this process and no trainer: what `eddy eval` uses to
-run the controller's held-out evaluation without starting Ray."""
+"""A runtime whose inference engines live in this process and which has no trainer: what `eddy
+eval` uses to run the controller's held-out evaluation without starting Ray, and what tests
+use to drive the real controller and rollout against real engines."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from ..engines.inference.base import GenerationRequest, GenerationResult, Infere
 
 
 class InProcessRuntime:
-    def __init__(self, engine: InferenceEngine) -> None:
-        self.engine = engine
-        self.workers = [engine]
+    def __init__(self, engine: InferenceEngine | list[InferenceEngine]) -> None:
+        self.workers = list(engine) if isinstance(engine, list) else [engine]
+        self.engine = self.workers[0]
 
     def now(self) -> float:
         return time.monotonic()
@@ -21,8 +22,11 @@ class InProcessRuntime:
                  ) -> AsyncIterator[GenerationResult]:
         return self.workers[worker].generate(requests)
 
+    async def abort(self, worker: int, request_ids: list[str]) -> None:
+        await self.workers[worker].abort(request_ids)
+
     async def train(self, batch):
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")
 
-    async def sync_weights(self, version: int) -> None:
+    async def sync_weights(self, version: int) -> list[int]:
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")

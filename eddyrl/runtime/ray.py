@@ -127,15 +127,21 @@ class RayRuntime:
                                    for r, (t, part) in enumerate(zip(self.trainers, parts))])
         return _combine_rank_metrics(results)
 
-    async def sync_weights(self, version: int) -> None:
-        """Trainer -> every rollout worker, through the channel opened at start-up."""
+    async def abort(self, worker: int, request_ids: list[str]) -> None:
+        await self._call(f"rollout worker {worker}", f"abort ({len(request_ids)} requests)",
+                         self.workers[worker].abort.remote(request_ids))
+
+    async def sync_weights(self, version: int) -> list[int]:
+        """Trainer -> every rollout worker, through the channel opened at start-up; returns
+        the version each worker now hosts (a busy one keeps its own, the new one staged)."""
         specs = await self._all([(f"trainer rank {r}", "weight export", t.describe_weights.remote())
                                  for r, t in enumerate(self.trainers)])
-        await self._all(
+        results = await self._all(
             [(f"trainer rank {r}", "weight send", t.send_weights.remote())
              for r, t in enumerate(self.trainers)]
             + [(f"rollout worker {i}", f"weight load v{version}",
                 w.load_weights.remote(version, specs[0])) for i, w in enumerate(self.workers)])
+        return list(results[len(self.trainers):])
 
     async def save(self, path: str) -> None:
         await self._all([(f"trainer rank {r}", f"save to {path}", t.save.remote(path))

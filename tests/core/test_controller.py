@@ -21,6 +21,9 @@ from eddyrl.tasks.prompts import PromptSet
 
 
 class RecordingRuntime(InProcessRuntime):
+    """Records what would be trained; weight syncs republish the engine's own weights under
+    the new version (the trainer here does not change them)."""
+
     def __init__(self, engine):
         super().__init__(engine)
         self.batches, self.synced = [], []
@@ -29,8 +32,15 @@ class RecordingRuntime(InProcessRuntime):
         self.batches.append(batch)
         return {"loss": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": float(batch.num_tokens())}
 
+    def weights(self, version):
+        return {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
+
     async def sync_weights(self, version):
         self.synced.append(version)
+        weights = self.weights(version)
+        for engine in self.workers:
+            await engine.load_weights(version, [weights])
+        return [engine.version for engine in self.workers]
 
 
 @pytest.fixture()
@@ -66,7 +76,8 @@ def test_sync_loop_trains_whole_groups_and_advances_versions(setup):
     runtime = setup[2]
     assert runtime.synced == [1, 2] and controller.version == 2
     assert [len(b) for b in runtime.batches] == [12, 12]  # 3 groups x 4 responses each
-    assert all(set(b.versions[b.loss_mask.bool()].tolist()) == {0} for b in runtime.batches)
+    # synchronous: step t's batch was generated entirely by version t
+    assert [set(b.versions[b.loss_mask.bool()].tolist()) for b in runtime.batches] == [{0}, {1}]
     assert summary["steps"] == 2 and summary["samples_trained"] == 24
     assert [m["step"] for m in controller.history] == [0, 1, 2]
     assert "eval_accuracy" in controller.history[0] and "eval_accuracy" in controller.history[-1]
@@ -144,15 +155,14 @@ class SyncingRuntime(RecordingRuntime):
 
     def __init__(self, engine, model_dir):
         super().__init__(engine)
+        self.aborts = []
         from transformers import AutoModelForCausalLM
 
         self.base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
 
-    async def sync_weights(self, version):
-        await super().sync_weights(version)
+    def weights(self, version):
         gen = torch.Generator().manual_seed(version)
-        weights = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in self.base.items()}
-        await self.engine.load_weights(version, [weights])
+        return {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in self.base.items()}
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])
@@ -194,3 +204,110 @@ def test_rewards_stream_while_the_batch_is_still_generating(setup):
     controller.settings.sampling.max_new_tokens = 24
     asyncio.run(controller.step())
     assert len(seen_running) == 12 and max(seen_running) > 0
+
+
+class MigrationCountingRuntime(SyncingRuntime):
+    async def abort(self, worker, request_ids):
+        self.aborts.append((worker, list(request_ids)))
+        await super().abort(worker, request_ids)
+
+
+@pytest.mark.parametrize("fill_legacy", [False, True])
+def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tiny_model_dir,
+                                                                        fill_legacy):
+    """DORA on two real engines: K = 3, long and uneven generations, so legacy-version
+    requests outlive train steps; the orchestrator migrates them (abort, resume on a worker
+    hosting the same version) and may fill legacy slots. Every trained trajectory still has one
+    version (C1, resumed ones included), every group is whole (C2), no lag exceeds K (C3), and
+    the ledger shows each prompt trained once as fresh."""
+    from eddyrl.engines.config import RolloutConfig
+
+    tokenizer, prompts, _ = setup
+    engines = [HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=s) for s in (0, 1)]
+    runtime = MigrationCountingRuntime(engines, tiny_model_dir)
+    settings = LoopSettings(
+        loop=LoopConfig(steps=8, batch_prompts=2, eval_every=0),
+        algorithm=AlgorithmConfig(max_staleness=3, dynamic_sampling=False),
+        sampling=SamplingParams(max_new_tokens=48),  # no stop token: lengths vary by prompt
+        n_samples=3, seed=0, pad_id=tokenizer.pad_token_id,
+        rollout=RolloutConfig(max_batch_size=64, migrate=True, fill_legacy=fill_legacy))
+    controller = Controller(runtime, settings, prompts, prompts,
+                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                            reward=SafeReward(_alternating()))
+    asyncio.run(controller.run())
+    lags = []
+    for step, batch in enumerate(runtime.batches):
+        assert len(batch) == 2 * 3  # C2
+        for row in range(len(batch)):
+            versions = set(batch.versions[row][batch.loss_mask[row].bool()].tolist())
+            assert len(versions) == 1  # C1, across migrations too
+            lags.append(step - versions.pop())
+    assert max(lags) <= 3  # C3
+    # Whether a step finds a legacy tail worth moving depends on timing; the deterministic
+    # migration test is in test_rollout.py. Here: resumed = aborted less those that finished
+    # before their abort landed.
+    aborted = sum(len(ids) for _, ids in runtime.aborts)
+    assert 0 <= controller.rollout.migrated <= aborted
+    assert sum(m["migrated_requests"] for m in controller.history[1:]) <= \
+        controller.rollout.migrated
+    check = controller.ledger.check_exactly_once(range(12), epoch=0)
+    assert check.ok, check
+
+
+def test_k0_equals_a_hand_written_synchronous_grpo_loop(setup, tiny_model_dir):
+    """The streaming machinery with K = 0 trains exactly what the textbook synchronous loop
+    does: for each step, generate the next prompts' groups on the current weights in one call,
+    score them, build the batch. Same seeds, same per-version weights: identical batches."""
+    from eddyrl.core.batching import build_train_batch
+    from eddyrl.core.trajectory import Group, Trajectory
+    from eddyrl.engines.inference.base import GenerationRequest
+
+    tokenizer, prompts, _ = setup
+    steps, b, n = 3, 3, 4
+    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+
+    def reward(response, answer):
+        return float(len(response) % 3 == 0)  # deterministic in the response
+
+    runtime = SyncingRuntime(HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=0),
+                             tiny_model_dir)
+    settings = LoopSettings(loop=LoopConfig(steps=steps, batch_prompts=b, eval_every=0),
+                            algorithm=AlgorithmConfig(dynamic_sampling=False),
+                            sampling=sampling, n_samples=n, seed=0,
+                            pad_id=tokenizer.pad_token_id)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    controller = Controller(runtime, settings, prompts, prompts, decode=decode,
+                            reward=SafeReward(reward))
+    asyncio.run(controller.run())
+
+    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=0)
+    reference = SyncingRuntime(engine, tiny_model_dir)
+
+    async def textbook():
+        batches = []
+        # the controller's held-out evaluation comes first; greedy, it draws no random numbers
+        draws = prompts.batches(b, seed=0)
+        for step in range(steps):
+            if step:
+                await engine.load_weights(step, [reference.weights(step)])
+            _, chosen = next(draws)
+            requests = [GenerationRequest(f"{i}-{s}", list(p.prompt_ids), sampling)
+                        for i, p in enumerate(chosen) for s in range(n)]
+            results = {r.request_id: r async for r in engine.generate(requests)}
+            groups = []
+            for i, p in enumerate(chosen):
+                group = Group(str(i), p.prompt, p.answer, list(p.prompt_ids), step)
+                for s in range(n):
+                    result = results[f"{i}-{s}"]
+                    group.trajectories.append(Trajectory(result, reward(decode(result.token_ids),
+                                                                        p.answer)))
+                groups.append(group)
+            batches.append(build_train_batch(groups, tokenizer.pad_token_id))
+        return batches
+
+    expected = asyncio.run(textbook())
+    assert len(runtime.batches) == steps
+    for got, want in zip(runtime.batches, expected):
+        for name in ("input_ids", "loss_mask", "versions", "advantages"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert torch.allclose(got.old_logprobs, want.old_logprobs, atol=1e-6)

@@ -114,3 +114,24 @@ def test_balance_by_tokens_splits_rows_evenly_across_ranks():
     assert loads == [110, 110]
     with pytest.raises(ValueError, match="column 'missing'"):
         store.balance_by_tokens(groups, "missing", 2)
+
+
+def test_take_groups_hands_out_chosen_groups_all_or_nothing():
+    store = ExperienceStore()
+    rows = {group: store.add_group(group, 2) for group in ("a", "b", "c")}
+    for group in rows:
+        store.put_many(rows[group], "response", ["x", "y"])
+    store.put_many(rows["a"], "reward", [1.0, 0.0])
+    store.put_many(rows["c"], "reward", [0.5, 0.5])
+    assert store.is_complete("a", ["response", "reward"])
+    assert not store.is_complete("b", ["response", "reward"])
+    with pytest.raises(ValueError, match="group 'b' is not ready"):
+        store.take_groups("trainer", ["c", "b"], ["response", "reward"])
+    assert store.ready_groups("trainer", ["response", "reward"]) == ["a", "c"]  # nothing taken
+    taken = store.take_groups("trainer", ["c", "a"], ["response", "reward"])
+    assert [g.group_id for g in taken] == ["c", "a"]
+    assert taken[1].columns == {"response": ["x", "y"], "reward": [1.0, 0.0]}
+    with pytest.raises(ValueError, match="already consumed"):
+        store.take_groups("trainer", ["a"], ["response"])
+    with pytest.raises(ValueError, match="'zz' is not in the store"):
+        store.take_groups("trainer", ["zz"], ["response"])

@@ -41,8 +41,9 @@ def test_capacity_is_the_areal_formula():
     window.collect("d")
     window.collect("e")
     assert window.capacity() == 0  # min(4 - 1, 6 - (5 + 1)) = 0: the staleness bound binds
+    assert window.take_batch() == ["a", "b", "c"]
     window.advance()
-    assert window.capacity() == 3  # min(3, 9 - 6)
+    assert window.capacity() == 3  # min(4 - 1, 9 - 6)
 
 
 def test_dispatch_twice_and_unknown_groups_raise():
@@ -101,9 +102,11 @@ def test_advance_refuses_to_strand_a_running_group_beyond_k():
     window.dispatch("slow")
     window.dispatch("h")
     window.collect("h")
-    window.advance()  # trained [h]; "slow" is now 1 behind: allowed
+    assert window.take_batch() == ["h"]
+    window.advance()  # "slow" is now 1 behind: allowed
     window.dispatch("i")
     window.collect("i")
+    assert window.take_batch() is None, "slow is due: a batch of [i] would strand it"
     assert not window.can_advance()
     with pytest.raises(StalenessError, match="version 0"):
         window.advance()
@@ -170,3 +173,120 @@ def test_randomized_takes_check_every_group_at_training_time():
             worst = max(worst, *(window.version - born[g] for g in batch))
             window.advance()
     assert 0 < worst <= 2
+
+
+def test_completion_order_lets_fast_groups_overtake_a_slow_one_until_its_deadline():
+    window = VersionWindow(max_staleness=2, batch_groups=1, max_concurrent=8)
+    for g in ("slow", "b", "c"):
+        window.dispatch(g)  # all at version 0: deadline 2
+    window.collect("b")
+    assert window.take_batch() == ["b"]  # step 0 does not wait for "slow"
+    window.advance()
+    window.collect("c")
+    assert window.take_batch() == ["c"]  # step 1 neither: "slow" can still make step 2
+    window.advance()
+    window.dispatch("d")  # version 2
+    window.collect("d")
+    assert window.take_batch() is None, "slow is due now: the trainer must wait for it"
+    window.collect("slow")
+    assert window.take_batch() == ["slow"]  # the earliest deadline goes first
+    assert window.staleness("d") == 0
+
+
+def test_take_refuses_a_batch_that_would_strand_more_than_the_next_steps_can_train():
+    # K = 2, B = 2: at version 0, six groups may be in flight, all due by step 2. If step 0
+    # trained two fresh arrivals while four older... here all are the same age, so the check
+    # is about counts: after taking 2, 4 remain due by step 2 = 2 steps x 2 groups: fine.
+    window = VersionWindow(max_staleness=2, batch_groups=2, max_concurrent=8)
+    for g in "abcdef":
+        window.dispatch(g)
+    window.collect("e")
+    window.collect("f")
+    assert window.take_batch() == ["e", "f"]
+    window.advance()
+    window.dispatch("g")
+    window.dispatch("h")  # version 1, due by step 3
+    window.collect("g")
+    window.collect("h")
+    # a..d (version 0) are due by step 2: taking g, h now would leave 4 due within 1 step
+    assert window.take_batch() is None
+    window.collect("a")
+    window.collect("b")
+    assert window.take_batch() == ["a", "b"]
+
+
+def test_legacy_capacity_admits_older_versions_only_while_their_deadline_is_ahead():
+    window = VersionWindow(max_staleness=3, batch_groups=2, max_concurrent=100)
+    for g in "ab":
+        window.dispatch(g)
+    window.collect("a")
+    window.collect("b")
+    assert window.take_batch() == ["a", "b"]
+    window.advance()  # version 1
+    # version 0: deadline 3; ever due by 3 = 2 (a, b) + what we add <= 4 * 2
+    assert window.capacity(0) == 6
+    assert window.capacity(1) == 8  # (K + 1) * B - untaken
+    assert window.capacity(2) == 0, "future versions are not hosted yet"
+    for i in range(6):
+        assert window.dispatch(f"old{i}", version=0) == 0
+    assert window.capacity(0) == 0 and window.capacity(1) == 2
+    with pytest.raises(VersionWindowError, match="at version 0"):
+        window.dispatch("one-too-many", version=0)
+    for _ in range(3):
+        window.advance() if window.can_advance() else None
+    assert window.capacity(0) == 0  # due now or past: never admitted
+
+
+def _dispatch_order_take(window_state, b):
+    """The reference rule (synchronous training): the B earliest-dispatched groups, once all collected."""
+    order, running = window_state
+    head = order[:b]
+    return None if len(head) < b or any(g in running for g in head) else head
+
+
+def test_with_k0_a_batch_is_what_was_dispatched_at_this_version():
+    rng = random.Random(0)
+    window = VersionWindow(max_staleness=0, batch_groups=3, max_concurrent=6)
+    order: list[str] = []
+    for step in range(3000):
+        running = window.running_groups()
+        if rng.random() < 0.5 and window.capacity():
+            window.dispatch(f"g{step}")
+            order.append(f"g{step}")
+        elif running and rng.random() < 0.6:
+            window.collect(rng.choice(running))
+        else:
+            expected = _dispatch_order_take((order, set(window.running_groups())), 3)
+            assert window.take_batch() == expected
+            if expected is not None:
+                del order[:3]
+                window.advance()
+    assert window.version > 100
+
+
+@pytest.mark.parametrize("k,b,seed", [(2, 2, 0), (3, 1, 1), (3, 4, 2), (5, 3, 3)])
+def test_randomized_legacy_dispatch_and_completion_order_keep_c3(k, b, seed):
+    """Random dispatches at any admitted version (current or legacy), random completion order:
+    every group is taken within K of its version, the trainer is never left without a feasible
+    batch once everything is collected, and the window never refuses to advance after a take."""
+    rng = random.Random(seed)
+    window = VersionWindow(max_staleness=k, batch_groups=b, max_concurrent=(k + 1) * b + 3)
+    born: dict[str, int] = {}
+    worst = 0
+    for step in range(5000):
+        running = window.running_groups()
+        action = rng.random()
+        version = window.version - rng.randrange(k + 1)
+        if action < 0.45 and window.capacity(version):
+            born[f"g{step}"] = window.dispatch(f"g{step}", version=version)
+        elif action < 0.8 and running:
+            window.collect(rng.choice(running))
+        else:
+            batch = window.take_batch()
+            if batch is None and not running and len(born) >= b:
+                pytest.fail("everything collected, yet no feasible batch")
+            if batch is not None:
+                worst = max(worst, *(window.version - born.pop(g) for g in batch))
+                assert window.can_advance()
+                window.advance()
+    assert window.version > 200 and worst == k

@@ -158,3 +158,37 @@ def test_weights_loaded_mid_generation(tiny_model_dir, partial):
         assert staged == 1  # waiting for the running batch
         assert all(set(r.versions) == {0} for r in first)  # C1: one version per trajectory
     assert engine.version == 1 and all(set(r.versions) == {1} for r in later)
+
+
+def _versioned(n, version, max_new=40, prefix="v"):
+    return [GenerationRequest(f"{prefix}{version}-{i}", [1, 2, 3 + i],
+                              SamplingParams(max_new_tokens=max_new), version=version)
+            for i in range(n)]
+
+
+def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny_model_dir):
+    """DORA's worker contract: staged weights do not evict the hosted version while requests of
+    it still arrive (migration, legacy fill); a request for the staged version waits for the
+    running ones to drain and then runs on it; a request for a version that is gone is refused."""
+    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=5)
+
+    async def scenario():
+        old = asyncio.create_task(_collect(engine, _versioned(2, 0, max_new=60)))
+        while engine.stats().tokens_generated < 10:
+            await asyncio.sleep(0.001)
+        await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
+        assert engine.stats().staged_version == 1 and engine.version == 0
+        joined = await _collect(engine, _versioned(2, 0, max_new=5, prefix="late"))
+        newer = asyncio.create_task(_collect(engine, _versioned(2, 1, max_new=5)))
+        first = await old
+        return first, joined, await newer
+
+    first, joined, newer = asyncio.run(scenario())
+    assert all(set(r.versions) == {0} for r in first + joined)  # joined on version 0
+    assert all(set(r.versions) == {1} for r in newer) and engine.version == 1
+    with pytest.raises(ValueError, match="needs version 0 but this engine hosts version 1"):
+        asyncio.run(_collect(engine, _versioned(1, 0)))
+    with pytest.raises(ValueError, match="needs version 2.*nothing staged"):
+        asyncio.run(_collect(engine, _versioned(1, 2)))
+    with pytest.raises(ValueError, match="mixes versions"):
+        asyncio.run(_collect(engine, _versioned(1, 1) + _versioned(1, 2)))

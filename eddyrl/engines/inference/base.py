@@ -29,6 +29,11 @@ class GenerationRequest:
     resume_ids: list[int] = field(default_factory=list)
     resume_logprobs: list[float] = field(default_factory=list)
     resume_versions: list[int] = field(default_factory=list)
+    # The policy version that must generate it (C1), or None for whatever is loaded. Equal to
+    # the hosted version: joins at once; newer: waits for running requests to drain, then runs
+    # on the newest staged weights; older: refused (those weights are gone). Ignored with
+    # partial rollout, where every token records its own version anyway.
+    version: int | None = None
 
 
 @dataclass(slots=True)

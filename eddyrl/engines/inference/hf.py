@@ -7,7 +7,10 @@ while a batch decodes.
 
 Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a
 staging copy (kept where the weight channel delivered them) while decoding goes on; they are
-applied once no request is running, and new batches wait for that. So every token of a trajectory comes from one version (DORA's C1).
+applied at once if nothing runs, else when a request that needs them arrives and the running
+ones have drained. Until then the engine keeps hosting its version, so requests of that
+version (migrated, or filling free slots) can still join. Every token of a trajectory comes
+from one version (DORA's C1).
 With `partial_rollout=True` they are applied at the next decode step instead: running
 trajectories continue on the new version, and every token records the version that sampled it.
 """
@@ -98,6 +101,10 @@ class HFInferenceEngine(InferenceEngine):
             raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
                              f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
                              f"exceeds the model's {self.max_positions} positions")
+        if len(request.resume_ids) >= request.sampling.max_new_tokens:
+            raise ValueError(f"request {request.request_id}: resumes with "
+                             f"{len(request.resume_ids)} tokens, max_new_tokens is "
+                             f"{request.sampling.max_new_tokens}; nothing is left to generate")
         if len(request.resume_logprobs) != len(request.resume_ids) or \
                 len(request.resume_versions) != len(request.resume_ids):
             raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
@@ -106,10 +113,7 @@ class HFInferenceEngine(InferenceEngine):
     async def _decode(self, chunk: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         if self._sleeping:
             raise RuntimeError("generate called on a sleeping engine; call wake() first")
-        while self._staged is not None:  # new weights are waiting: let running batches drain
-            await self._drained.wait()
-            if self._staged is not None and self._running == 0:
-                self._apply_staged()
+        await self._switch_for(chunk)
         rows = [_Row(r) for r in chunk]
         self._running += len(rows)
         self._drained.clear()
@@ -124,9 +128,28 @@ class HFInferenceEngine(InferenceEngine):
             for row in rows:
                 self._aborted.discard(row.request.request_id)
             if self._running == 0:
-                if self._staged is not None:
-                    self._apply_staged()
-                self._drained.set()
+                self._drained.set()  # staged weights wait for a request that needs them
+
+    async def _switch_for(self, chunk: list[GenerationRequest]) -> None:
+        """Make the loaded weights fit the chunk's version: the one hosted now (join at once),
+        or newer (let running requests drain, then apply the staged weights)."""
+        wanted = {r.version for r in chunk if r.version is not None}
+        if len(wanted) > 1:
+            raise ValueError(f"one generate call mixes versions {sorted(wanted)}; split it")
+        need = None if self.partial_rollout or not wanted else wanted.pop()
+        if need is not None and need < self._version:
+            raise ValueError(f"request {chunk[0].request_id} needs version {need} but this "
+                             f"engine hosts version {self._version}: its weights are gone (C1)")
+        # None (whatever is newest) waits for staged weights too, like a request for them.
+        while (need is None and self._staged is not None) or \
+                (need is not None and self._version < need):
+            if need is not None and (self._staged is None or self._staged[0] < need):
+                raise ValueError(f"request {chunk[0].request_id} needs version {need}; this "
+                                 f"engine hosts {self._version} and has "
+                                 f"{self._staged[0] if self._staged else 'nothing'} staged")
+            await self._drained.wait()
+            if self._running == 0:
+                self._apply_staged()
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
@@ -189,12 +212,12 @@ class HFInferenceEngine(InferenceEngine):
 
     def _finish_reason(self, row: _Row) -> str | None:
         s = row.request.sampling
-        if row.request.request_id in self._aborted:
-            return "abort"
         if row.tokens[-1] in s.stop_token_ids:
             return "stop"
         if len(row.tokens) >= s.max_new_tokens:
-            return "length"
+            return "length"  # complete: an abort that arrives now changes nothing
+        if row.request.request_id in self._aborted:
+            return "abort"
         return None
 
     async def abort(self, request_ids: Iterable[str]) -> None:
@@ -208,7 +231,9 @@ class HFInferenceEngine(InferenceEngine):
         staged = await asyncio.to_thread(self._stage, version, buckets)
         self._staged = (version, staged)
         if self._running == 0 or self.partial_rollout:
-            await asyncio.to_thread(self._apply_staged)
+            # On the event loop, not in a thread: a request checked against the old version
+            # must not start while the new weights are being copied in.
+            self._apply_staged()
 
     def _stage(self, version: int, buckets: Iterable[dict[str, torch.Tensor]]
                ) -> dict[str, torch.Tensor]:

@@ -1,0 +1,171 @@
+"""Which rollout worker hosts which policy version: DORA's orchestrator, as a sans-IO object.
+
+Each worker generates with one version at a time (C1). After a train step every worker has the
+new weights staged, but a worker still running requests of an older (legacy) version keeps
+hosting it until those finish. The orchestrator keeps the split of workers between versions
+proportional to the work each version has left (DORA: version w gets round(N · R_w / ΣR)
+workers, R_w its pending requests), so a few long-tail trajectories of an old version do not
+hold many workers back from the new one:
+
+- `plan` consolidates a legacy version hosted by more workers than its share: the hosts with
+  the fewest of its requests are evacuated, their requests migrate to the hosts that keep it
+  (same version on both ends, so C1 holds; the hf engine re-prefills, an engine that can move
+  its KV cache need not). An evacuated worker then takes new prompts on the latest version.
+- `pick` routes new requests: latest-version requests to the least-loaded worker that hosts
+  the latest version or can switch to it at once, legacy requests to a host of their version.
+- `legacy_room` lists legacy hosts with free slots, which DORA fills opportunistically with
+  new prompts of that version (the version window decides whether the deadline allows it).
+
+The controller reports what happens (`dispatched`, `finished`, `loaded`); nothing here waits,
+so the runtime and the simulator drive the same object. The worker side of the contract: an
+engine never leaves the version it hosts on its own; it switches to staged weights only when a
+request for a newer version arrives (after its running requests drain), and such a request runs
+on the newest weights staged by the time it starts, which `published` mirrors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..validation import check_range
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move `count` running requests of `version` from worker `source` to worker `target`."""
+
+    source: int
+    target: int
+    version: int
+    count: int
+
+
+class VersionOrchestrator:
+    def __init__(self, num_workers: int, slots_per_worker: int) -> None:
+        check_range("num_workers", num_workers, 1)
+        check_range("slots_per_worker", slots_per_worker, 1)
+        self.num_workers = num_workers
+        self.slots_per_worker = slots_per_worker
+        self.latest = 0
+        self.hosted = [0] * num_workers  # version each worker's loaded weights carry
+        self.pending: list[Counter[int]] = [Counter() for _ in range(num_workers)]
+        self.migrations = 0
+
+    # -- what the controller reports ---------------------------------------------------------
+
+    def published(self, version: int, hosted: list[int]) -> None:
+        """A new version was staged on every worker; `hosted` is what each one now runs (an
+        idle worker applies new weights at once, a busy one keeps its version)."""
+        if len(hosted) != self.num_workers:
+            raise ValueError(f"expected {self.num_workers} worker versions, got {len(hosted)}")
+        self.latest = version
+        self.hosted = list(hosted)
+        for worker, pending in enumerate(self.pending):
+            # Requests queued for the previous latest version (waiting for their worker to
+            # drain) start on the newest staged weights instead: relabel them.
+            queued = [v for v in pending if self.hosted[worker] < v < version]
+            for v in queued:
+                pending[version] += pending.pop(v)
+
+    def dispatched(self, worker: int, version: int, count: int = 1) -> None:
+        """`count` requests of `version` were sent to `worker`. A request for the latest
+        version makes a worker switch to it once its running requests finish."""
+        if version != self.hosted[worker] and version != self.latest:
+            raise ValueError(f"worker {worker} hosts version {self.hosted[worker]} and can "
+                             f"switch only to {self.latest}; it cannot generate version "
+                             f"{version} (C1)")
+        if version == self.latest and self.hosted[worker] != version and \
+                not self._legacy_pending(worker):
+            self.hosted[worker] = version  # idle: switches as the request arrives
+        self.pending[worker][version] += count
+
+    def finished(self, worker: int, version: int, count: int = 1) -> None:
+        """`count` requests of `version` left `worker` (finished, or aborted to migrate)."""
+        if self.pending[worker][version] < count:
+            raise ValueError(f"worker {worker} has {self.pending[worker][version]} running "
+                             f"requests of version {version}, not {count}")
+        self.pending[worker][version] -= count
+        if not self.pending[worker][version]:
+            del self.pending[worker][version]
+        if self.latest in self.pending[worker] and not self._legacy_pending(worker):
+            self.hosted[worker] = self.latest  # drained: the queued new requests start
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def targets(self, new_requests: int = 0) -> dict[int, int]:
+        """Workers each version should have: proportional to its pending requests (the latest
+        version counting `new_requests` about to be dispatched); every version with work keeps
+        at least one worker, legacy versions first (their requests cannot go anywhere else)."""
+        work: Counter[int] = Counter()
+        for pending in self.pending:
+            work.update(pending)
+        work[self.latest] += new_requests
+        total = sum(work.values()) or 1
+        legacy = sorted(v for v, n in work.items() if n > 0 and v < self.latest)
+        targets = {v: max(1, round(self.num_workers * work[v] / total)) for v in legacy}
+        keep_for_latest = 1 if self.num_workers > len(legacy) else 0
+        while sum(targets.values()) > self.num_workers - keep_for_latest:
+            widest = max(targets, key=lambda v: (targets[v], v))
+            if targets[widest] == 1:
+                break
+            targets[widest] -= 1
+        targets[self.latest] = self.num_workers - sum(targets.values())
+        return targets
+
+    def plan(self, new_requests: int = 0) -> list[Migration]:
+        """Migrations that bring each legacy version down to its share of workers: the hosts
+        with the most of its requests keep it, the others move theirs to the least loaded of
+        those."""
+        targets = self.targets(new_requests)
+        moves: list[Migration] = []
+        for version in sorted(targets):
+            if version == self.latest:
+                continue
+            hosts = sorted((w for w in range(self.num_workers) if self.pending[w][version]),
+                           key=lambda w: (-self.pending[w][version], w))
+            share = max(1, targets[version])
+            keep, evacuate = hosts[:share], hosts[share:]
+            for source in evacuate:
+                target = min(keep, key=lambda w: (sum(self.pending[w].values()), w))
+                moves.append(Migration(source, target, version, self.pending[source][version]))
+        return moves
+
+    def moved(self, source: int, target: int, version: int, count: int = 1) -> None:
+        """`count` requests of `version` left `source` (aborted) and now run on `target`."""
+        if self.hosted[target] != version:
+            raise ValueError(f"cannot move version {version} requests to worker {target}: it "
+                             f"hosts version {self.hosted[target]} (C1)")
+        self.finished(source, version, count)
+        self.pending[target][version] += count
+        self.migrations += count
+
+    def pick(self, version: int) -> int:
+        """The worker for the next request of `version`: least loaded among those that can run
+        it soonest (for the latest version: hosts of it before workers still draining)."""
+        if version == self.latest:
+            candidates = range(self.num_workers)
+            return min(candidates, key=lambda w: (self._legacy_pending(w),
+                                                  sum(self.pending[w].values()), w))
+        hosts = [w for w in range(self.num_workers) if self.hosted[w] == version]
+        if not hosts:
+            raise ValueError(f"no worker hosts version {version} (hosted: {self.hosted})")
+        return min(hosts, key=lambda w: (sum(self.pending[w].values()), w))
+
+    def legacy_room(self) -> list[tuple[int, int, int]]:
+        """(worker, version, free request slots) for workers that host a legacy version, have
+        requests of it running, and have room for more."""
+        room = []
+        for worker in range(self.num_workers):
+            version = self.hosted[worker]
+            busy = sum(self.pending[worker].values())
+            if version < self.latest and self.pending[worker][version] and \
+                    self.latest not in self.pending[worker] and busy < self.slots_per_worker:
+                room.append((worker, version, self.slots_per_worker - busy))
+        return room
+
+    def hosts_of(self, version: int) -> list[int]:
+        return [w for w in range(self.num_workers) if self.hosted[w] == version]
+
+    def _legacy_pending(self, worker: int) -> int:
+        return sum(n for v, n in self.pending[worker].items() if v < self.latest)

@@ -1,0 +1,276 @@
+"""Streaming rollout: dispatch prompt groups to workers, stream their trajectories into the
+experience store, score each as it finishes, and hand the trainer batches the version window
+allows. Time-agnostic like the controller: it awaits only the runtime.
+
+Who decides what:
+- the version window: how many groups may be in flight, at which version, and which collected
+  groups form the next batch (staleness <= K);
+- the orchestrator: which worker runs a group (one version per worker at a time) and which
+  running requests migrate so that a legacy version's tail holds as few workers as possible;
+- the experience store: the rows of every in-flight group; the response and reward columns are
+  written by separate producers (the generation stream, the scorer) and a group is collected
+  when both are complete for all of its rows;
+- the ledger: each group's lifecycle, for the exactly-once proof.
+
+Generation runs as background tasks, one per (worker, call); a failure in one is re-raised to
+whoever waits next, with the worker's name from the runtime's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from .ledger import Ledger
+from .orchestrator import VersionOrchestrator
+from .rewarding import SafeReward
+from .store import ExperienceStore
+from .trajectory import Group, Trajectory
+from .version_window import VersionWindow
+
+TRAINER = "trainer"
+NEEDED = ("response", "reward")
+
+
+@dataclass(slots=True)
+class _Request:
+    group: Group
+    sample: int
+    sampling: SamplingParams
+    worker: int
+    version: int
+    track: bool  # training data (store, window, ledger) or evaluation (none of them)
+    moving_to: int | None = None  # migration target while its abort is on the way
+
+
+@dataclass
+class StreamingRollout:
+    runtime: Any  # controller.Runtime
+    window: VersionWindow
+    orchestrator: VersionOrchestrator
+    ledger: Ledger
+    reward: SafeReward
+    decode: Callable[[list[int]], str]
+    partial_rollout: bool = False
+    migrate: bool = True
+    store: ExperienceStore = field(default_factory=ExperienceStore)
+    _requests: dict[str, _Request] = field(default_factory=dict)
+    _rows: dict[str, list[int]] = field(default_factory=dict)  # group -> its store rows
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _resume: dict[int, list[GenerationRequest]] = field(default_factory=dict)
+    _flush_scheduled: bool = False
+    _failure: BaseException | None = None
+    _progress: asyncio.Event | None = None
+    _waiters: dict[str, asyncio.Future] = field(default_factory=dict)  # generate_now groups
+    _expected: dict[str, int] = field(default_factory=dict)  # generate_now group -> responses
+    migrated: int = 0  # requests moved between workers, in all
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def dispatch(self, groups: list[Group], n: int, sampling: SamplingParams,
+                 version: int | None = None, worker: int | None = None) -> None:
+        """Admit fresh groups through the window at `version` (default: the latest) and start
+        them: each group whole on one worker (the orchestrator's pick, or `worker`)."""
+        per_worker: dict[int, list[GenerationRequest]] = {}
+        for group in groups:
+            group.dispatch_version = self.window.dispatch(group.group_id, version)
+            self._rows[group.group_id] = self.store.add_group(
+                group.group_id, n, meta={"group": group})
+            target = self._assign(group, n, sampling, True, worker, per_worker)
+            self.ledger.start(group.group_id, target, group.dispatch_version)
+        self._launch_all(per_worker)
+
+    async def generate_now(self, groups: list[Group], n: int, sampling: SamplingParams,
+                           track: bool) -> list[Group]:
+        """Generate `n` responses per group on the latest version and wait for them: held-out
+        evaluation (untracked) and synchronous refills (tracked in the ledger only)."""
+        per_worker: dict[int, list[GenerationRequest]] = {}
+        loop = asyncio.get_running_loop()
+        for group in groups:
+            group.dispatch_version = self.orchestrator.latest
+            self._waiters[group.group_id] = loop.create_future()
+            self._expected[group.group_id] = n
+            target = self._assign(group, n, sampling, False, None, per_worker)
+            if track:
+                self.ledger.start(group.group_id, target, group.dispatch_version)
+        self._launch_all(per_worker)
+        await self._wait([self._waiters[g.group_id] for g in groups])
+        for group in groups:
+            del self._waiters[group.group_id], self._expected[group.group_id]
+            _sort_samples(group)
+            if track:
+                self.ledger.collect(group.group_id)
+        return groups
+
+    def _assign(self, group: Group, n: int, sampling: SamplingParams, track: bool,
+                worker: int | None, per_worker: dict[int, list[GenerationRequest]]) -> int:
+        version = group.dispatch_version
+        target = self.orchestrator.pick(version) if worker is None else worker
+        self.orchestrator.dispatched(target, version, n)
+        for sample in range(n):
+            request_id = f"{group.group_id}-{sample}"
+            self._requests[request_id] = _Request(group, sample, sampling, target, version,
+                                                  track)
+            per_worker.setdefault(target, []).append(GenerationRequest(
+                request_id, group.prompt_ids, sampling, version=version))
+        return target
+
+    def _launch_all(self, per_worker: dict[int, list[GenerationRequest]]) -> None:
+        for worker, requests in per_worker.items():
+            task = asyncio.ensure_future(self._stream(worker, requests))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- results -------------------------------------------------------------------------------
+
+    async def _stream(self, worker: int, requests: list[GenerationRequest]) -> None:
+        try:
+            async for result in self.runtime.generate(worker, requests):
+                self._on_result(worker, result)
+        except BaseException as exc:  # surfaced to whoever waits next
+            if self._failure is None:
+                self._failure = exc
+            self._wake()
+            if not isinstance(exc, Exception):
+                raise
+
+    def _on_result(self, worker: int, result: GenerationResult) -> None:
+        request = self._requests[result.request_id]
+        if request.moving_to is not None:
+            # The orchestrator's book has had it on the target since the move was decided.
+            request.worker, request.moving_to = request.moving_to, None
+            if not result.finished:  # aborted for its migration: resume it there
+                self._queue_resume(request, result)
+                return
+            # else it finished on the source before the abort reached it: done all the same
+        elif not result.finished:
+            raise RuntimeError(f"request {result.request_id} on worker {worker} was aborted "
+                               "without a migration asking for it")
+        self.orchestrator.finished(request.worker, request.version)
+        del self._requests[result.request_id]
+        group = request.group
+        reward, error = self.reward(self.decode(result.token_ids), group.answer)
+        if not request.track:
+            group.trajectories.append(Trajectory(result, reward, error))
+            if len(group.trajectories) == self._expected[group.group_id]:
+                self._waiters[group.group_id].set_result(None)
+            return
+        row = self._rows[group.group_id][request.sample]
+        self.store.put(row, "response", result)  # producer 1: the generation stream
+        self.store.put(row, "reward", (reward, error))  # producer 2: the scorer
+        if self.store.is_complete(group.group_id, NEEDED):
+            self.window.collect(group.group_id)
+            self.ledger.collect(group.group_id)
+            self._wake()
+
+    # -- training batches ----------------------------------------------------------------------
+
+    async def next_batch(self) -> list[Group]:
+        """The next batch the window allows (waiting for completions as needed), as whole
+        groups with their trajectories in sample order, taken out of the store."""
+        while True:
+            self._raise_failure()
+            self._progress_event().clear()
+            ids = self.window.take_batch()
+            if ids is not None:
+                break
+            if not self.window.running:
+                raise RuntimeError("no training batch can form and nothing is generating: "
+                                   f"{self.window.running} running, version "
+                                   f"{self.window.version}")
+            await self._progress_event().wait()
+        groups = []
+        for taken in self.store.take_groups(TRAINER, ids, NEEDED):
+            group = taken.meta["group"]
+            group.trajectories = [Trajectory(result, reward, error) for result, (reward, error)
+                                  in zip(taken.columns["response"], taken.columns["reward"])]
+            self.store.drop(taken.group_id)
+            del self._rows[taken.group_id]
+            groups.append(group)
+        return groups
+
+    # -- versions and migration ----------------------------------------------------------------
+
+    def published(self, version: int, hosted: list[int]) -> None:
+        """New weights reached every worker; `hosted` is what each one now generates with.
+        Requests still queued for an older staged version will start on this one (the engine
+        applies the newest staged weights); their group keeps its dispatch version for the
+        window, which only makes the staleness bound more conservative."""
+        self.orchestrator.published(version, hosted)
+        for request in self._requests.values():
+            if hosted[request.worker] < request.version < version:
+                request.version = version
+
+    async def rebalance(self, new_requests: int) -> int:
+        """DORA's reassignment after a train step: consolidate legacy versions onto their share
+        of workers by aborting requests on evacuated workers and resuming them (same version)
+        on the hosts that keep it. Returns the requests set moving."""
+        if self.partial_rollout or not self.migrate:
+            return 0  # partial rollout: every worker already runs the latest weights
+        moving = 0
+        for move in self.orchestrator.plan(new_requests):
+            ids = [rid for rid, r in self._requests.items()
+                   if r.worker == move.source and r.version == move.version
+                   and r.moving_to is None]
+            if not ids:
+                continue
+            self.orchestrator.moved(move.source, move.target, move.version, len(ids))
+            for rid in ids:
+                self._requests[rid].moving_to = move.target
+            moving += len(ids)
+            await self.runtime.abort(move.source, ids)
+        return moving
+
+    def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
+        self.migrated += 1
+        self._resume.setdefault(request.worker, []).append(GenerationRequest(
+            partial.request_id, partial.prompt_ids, request.sampling,
+            resume_ids=partial.token_ids, resume_logprobs=partial.logprobs,
+            resume_versions=partial.versions, version=request.version))
+        if not self._flush_scheduled:
+            # Aborted rows of one decode step arrive together: resume them as one call.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_resumes)
+
+    def _flush_resumes(self) -> None:
+        self._flush_scheduled = False
+        resume, self._resume = self._resume, {}
+        self._launch_all(resume)
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Let every generation still running finish (collected, never trained)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._raise_failure()
+
+    async def _wait(self, futures: list[asyncio.Future]) -> None:
+        while not all(f.done() for f in futures):
+            self._raise_failure()
+            self._progress_event().clear()
+            pending = [f for f in futures if not f.done()]
+            waker = asyncio.ensure_future(self._progress_event().wait())
+            await asyncio.wait([*pending, waker], return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
+        self._raise_failure()
+
+    def _progress_event(self) -> asyncio.Event:
+        if self._progress is None:
+            self._progress = asyncio.Event()
+        return self._progress
+
+    def _wake(self) -> None:
+        self._progress_event().set()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+
+def _sort_samples(group: Group) -> None:
+    """A fixed order inside each group, whatever the completion order."""
+    group.trajectories.sort(key=lambda t: int(t.result.request_id.rsplit("-", 1)[1]))

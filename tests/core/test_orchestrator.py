@@ -1,0 +1,139 @@
+"""DORA's orchestrator: proportional worker shares, consolidation of legacy versions by
+migration, routing of new requests, opportunistic legacy fill, and C1 refusals."""
+
+import random
+
+import pytest
+
+from eddyrl.core.orchestrator import Migration, VersionOrchestrator
+
+
+def _after_step(orch, version, hosted):
+    orch.published(version, hosted)
+    return orch
+
+
+def test_all_workers_on_one_version_without_legacy_work():
+    orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+    assert orch.targets(new_requests=32) == {0: 4}
+    assert orch.plan(32) == []
+    picks = []
+    for _ in range(8):
+        worker = orch.pick(0)
+        orch.dispatched(worker, 0, 4)
+        picks.append(worker)
+    assert sorted(picks) == [0, 0, 1, 1, 2, 2, 3, 3]  # least loaded first: even spread
+
+
+def test_targets_are_proportional_to_pending_requests_with_one_each_at_least():
+    orch = VersionOrchestrator(num_workers=8, slots_per_worker=64)
+    for w in range(8):
+        orch.dispatched(w, 0, 10)
+    orch.published(1, [0] * 8)  # every worker still busy with version 0
+    # 80 legacy requests vs 240 new: 8 * 80 / 320 = 2 workers stay on version 0
+    assert orch.targets(new_requests=240) == {0: 2, 1: 6}
+    # a trickle of legacy work still keeps one worker
+    for w in range(8):
+        orch.finished(w, 0, 9)
+    assert orch.targets(new_requests=1000) == {0: 1, 1: 7}
+
+
+def test_plan_consolidates_a_legacy_tail_onto_its_busiest_hosts():
+    orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+    for worker, count in enumerate([1, 5, 2, 1]):
+        orch.dispatched(worker, 0, count)
+    orch.published(1, [0, 0, 0, 0])
+    moves = orch.plan(new_requests=100)
+    # 9 legacy requests of 109: one worker keeps version 0 (worker 1, the busiest)
+    assert sorted(moves, key=lambda m: m.source) == [
+        Migration(0, 1, 0, 1), Migration(2, 1, 0, 2), Migration(3, 1, 0, 1)]
+    for move in moves:
+        orch.moved(move.source, move.target, move.version, move.count)
+    assert orch.pending[1][0] == 9 and orch.migrations == 4
+    # evacuated workers are free for the new version; the legacy host is picked last
+    picks = set()
+    for _ in range(3):
+        worker = orch.pick(1)
+        orch.dispatched(worker, 1, 10)
+        picks.add(worker)
+    assert picks == {0, 2, 3} and orch.hosted == [1, 0, 1, 1]
+
+
+def test_a_busy_worker_switches_only_after_its_legacy_requests_finish():
+    orch = VersionOrchestrator(num_workers=1, slots_per_worker=8)
+    orch.dispatched(0, 0, 2)
+    orch.published(1, [0])
+    orch.dispatched(0, 1, 4)  # queued behind the running version-0 requests
+    assert orch.hosted == [0]
+    orch.finished(0, 0, 2)
+    assert orch.hosted == [1]
+
+
+def test_requests_queued_for_a_superseded_version_run_on_the_newest():
+    orch = VersionOrchestrator(num_workers=1, slots_per_worker=8)
+    orch.dispatched(0, 0, 2)
+    orch.published(1, [0])
+    orch.dispatched(0, 1, 3)  # waiting for version 0 to drain
+    orch.published(2, [0])  # version 1 never got to run: 2 replaced it in staging
+    assert dict(orch.pending[0]) == {0: 2, 2: 3}
+
+
+def test_c1_refusals_name_the_worker_and_versions():
+    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch.dispatched(0, 0)
+    orch.published(2, [0, 2])
+    with pytest.raises(ValueError, match="worker 1 hosts version 2.*cannot generate version 0"):
+        orch.dispatched(1, 0)
+    with pytest.raises(ValueError, match="worker 1: it hosts version 2"):
+        orch.moved(0, 1, 0)
+    with pytest.raises(ValueError, match="no worker hosts version 1"):
+        orch.pick(1)
+    with pytest.raises(ValueError, match="has 0 running"):
+        orch.finished(1, 2)
+
+
+def test_legacy_room_lists_busy_legacy_hosts_with_free_slots():
+    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch.dispatched(0, 0, 3)
+    orch.dispatched(1, 0, 8)
+    orch.published(1, [0, 0, 1])
+    assert orch.legacy_room() == [(0, 0, 5)]  # worker 1 is full, worker 2 on the latest
+    orch.dispatched(0, 1, 1)  # new-version work queued: it is switching, no more legacy fill
+    assert orch.legacy_room() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
+    """Random dispatch / finish / publish / plan+migrate: no request ever runs on a worker that
+    hosts another version, pending counts never go negative, every version with running
+    requests has a host."""
+    rng = random.Random(seed)
+    n = 4
+    orch = VersionOrchestrator(num_workers=n, slots_per_worker=16)
+    running: list[tuple[int, int]] = []  # (worker, version) per request
+    for _ in range(3000):
+        action = rng.random()
+        if action < 0.35:
+            worker = orch.pick(orch.latest)
+            orch.dispatched(worker, orch.latest)
+            running.append((worker, orch.latest))
+        elif action < 0.7 and running:
+            worker, version = running.pop(rng.randrange(len(running)))
+            orch.finished(worker, version)
+        elif action < 0.8:
+            hosted = [orch.hosted[w] if any(rw == w for rw, _ in running) else orch.latest + 1
+                      for w in range(n)]
+            orch.published(orch.latest + 1, hosted)
+            # queued requests (waiting for a newer version) start on the newest weights
+            running = [(w, orch.latest if v > orch.hosted[w] else v) for w, v in running]
+        else:
+            for move in orch.plan(rng.randrange(50)):
+                moving = [i for i, r in enumerate(running) if r == (move.source, move.version)]
+                for i in moving:
+                    orch.moved(move.source, move.target, move.version)
+                    running[i] = (move.target, move.version)
+        for worker, version in running:
+            assert version in (orch.hosted[worker], orch.latest)
+            if version < orch.latest:
+                assert orch.hosted[worker] == version  # C1: legacy requests on a legacy host
+        assert sum(sum(p.values()) for p in orch.pending) == len(running)
