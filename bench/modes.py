@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,7 @@ def main() -> int:
     results = {}
     for mode in modes:
         run_dir = out / mode
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: eddy train refuses to append
         config = load_config(ROOT / "configs" / "modes" / f"{mode}.yaml",
                              [*common, f"run_dir={run_dir}"])
         began = time.monotonic()

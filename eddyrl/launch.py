@@ -14,6 +14,7 @@ from .config import EddyConfig, to_yaml
 from .core.controller import Controller, LoopSettings
 from .core.rewarding import SafeReward, load_reward_fn
 from .engines.inference.base import SamplingParams
+from .errors import ConfigError
 from .hal import get_platform
 from .runtime.placement import resolve_role_platforms, role_platform_name
 from .tasks.prompts import PromptSet, load_splits
@@ -55,6 +56,7 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
         seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
+        elastic=config.elastic, adaptive=config.adaptive, trainer_ranks=config.train.num_workers,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
                                 top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
@@ -87,6 +89,10 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     started = time.monotonic()
     resolve_role_platforms(config)  # fail fast, in one sentence, if a platform is absent
     run_dir = resolve_run_dir(config)
+    if (run_dir / "metrics.jsonl").exists():
+        # Appending would mix two runs' metrics; overwriting would lose the first run's.
+        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
+                          "another run_dir or move that one away")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(config))
     model_path = config.model.resolve()

@@ -10,6 +10,8 @@ from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
+from ..scheduler.adaptive import AdaptiveConfig
+from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
 from ..validation import check_range, contradiction
 
@@ -27,6 +29,8 @@ class EddyConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
     def validate(self, prefix: str = "") -> None:
         check_platform_name("platform", self.platform)
@@ -41,3 +45,28 @@ class EddyConfig:
                 f"replay.max_fraction = {self.replay.max_fraction} leaves no fresh group in a "
                 f"batch of loop.batch_prompts = {self.loop.batch_prompts}; every step needs "
                 "fresh data (max_fraction < 1)")
+        self._check_elastic()
+
+    def _check_elastic(self) -> None:
+        from ..core.elastic_driver import parse_schedule
+
+        if self.adaptive.enabled and not self.elastic.enabled:
+            raise contradiction("adaptive.enabled = True needs elastic.enabled = True: the "
+                                "adaptive scheduler moves workers through the elastic pool")
+        if not self.elastic.enabled:
+            return
+        parse_schedule(list(self.elastic.schedule), self.rollout.num_workers)
+        if self.rollout.num_workers <= self.elastic.min_rollout_workers:
+            raise contradiction(
+                f"elastic.enabled = True with rollout.num_workers = {self.rollout.num_workers} "
+                f"and elastic.min_rollout_workers = {self.elastic.min_rollout_workers}: no "
+                "rollout worker could ever be lent to training")
+        if self.train.mini_batches != 1:
+            raise contradiction(
+                f"elastic.enabled = True with train.mini_batches = {self.train.mini_batches}: "
+                "a joined replica contributes to one optimizer step per RL step; set "
+                "train.mini_batches = 1")
+        if self.algorithm.kl_coef > 0:
+            raise contradiction(
+                f"elastic.enabled = True with algorithm.kl_coef = {self.algorithm.kl_coef}: a "
+                "joined replica holds no reference model; set kl_coef = 0")

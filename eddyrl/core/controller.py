@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from ..engines.config import RolloutConfig
+from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+from ..scheduler.elastic import ElasticConfig
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..tasks.prompts import Prompt
 from .batch import TrainBatch
 from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
+from .elastic_driver import ElasticDriver, build_pool, parse_schedule
 from .ledger import Ledger
 from .orchestrator import VersionOrchestrator
 from .replay import ReplayBuffer, ReplayConfig
@@ -58,6 +61,9 @@ class LoopSettings:
     pad_id: int
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    trainer_ranks: int = 1  # the elastic pool's fixed core
 
 
 @dataclass
@@ -89,6 +95,23 @@ class Controller:
             self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
             migrate=rollout.migrate)
         self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
+        self.elastic = self._elastic_driver()
+
+    def _elastic_driver(self) -> ElasticDriver | None:
+        """Libra's elastic pool, when on: rollout workers lent to training as gradient
+        replicas, by the adaptive scheduler's decisions and/or a pinned schedule."""
+        elastic, adaptive = self.settings.elastic, self.settings.adaptive
+        if not elastic.enabled:
+            return None
+        workers = len(self.runtime.workers)
+        plan = GenerationPlan(concurrency=self.settings.rollout.max_batch_size,
+                              partial_rollout=self.settings.rollout.partial_rollout)
+        return ElasticDriver(
+            self.runtime, self.rollout,
+            build_pool(workers, self.settings.trainer_ranks, elastic),
+            AdaptiveScheduler(adaptive, plan) if adaptive.enabled else None,
+            parse_schedule(list(elastic.schedule), workers),
+            rollout_group_size=self.settings.n_samples)
 
     @property
     def version(self) -> int:
@@ -113,6 +136,8 @@ class Controller:
             if out_of_time:
                 break
         await self._drain_pipeline()
+        if self.elastic is not None:
+            await self.elastic.drain()
         final = self.history[-1] if step else {"step": 0, **initial}
         return {"initial_eval_accuracy": initial["eval_accuracy"],
                 "final_eval_accuracy": final["eval_accuracy"], "steps": step,
@@ -121,7 +146,8 @@ class Controller:
                 "tokens_generated": sum(m.get("gen_tokens", 0) for m in self.history),
                 "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
                 "reward_errors": self.reward.errors,
-                "ledger": {state.value: n for state, n in self.ledger.counts().items()}}
+                "ledger": {state.value: n for state, n in self.ledger.counts().items()},
+                **({"elastic": self.elastic.report()} if self.elastic else {})}
 
     async def step(self) -> dict[str, Any]:
         """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
@@ -142,7 +168,9 @@ class Controller:
             weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
             batch = build_train_batch(groups, self.settings.pad_id, weights=weights,
                                       normalize_std=self.settings.algorithm.normalize_std)
-            train_metrics = await self.runtime.train(batch)
+            replicas = self.elastic.replicas() if self.elastic else []
+            train_metrics = await (self.runtime.train(batch, replicas) if replicas
+                                   else self.runtime.train(batch))
         t2 = self.runtime.now()
         self.window.advance()
         self.rollout.published(self.version, await self.runtime.sync_weights(self.version))
@@ -150,10 +178,17 @@ class Controller:
         self._after_training(fresh, [group for group, _ in replayed])
         # DORA: the new version's share of workers, before its prompts are dispatched.
         await self.rollout.rebalance(self.window.capacity() * self.settings.n_samples)
+        elastic_metrics: dict[str, Any] = {}
+        if self.elastic is not None:
+            t4 = self.runtime.now()
+            elastic_metrics = await self.elastic.boundary(
+                self.version, self.version, {"train_s": t2 - t1,
+                                             "staleness_mean": sum(lags) / max(len(lags), 1)})
+            elastic_metrics["elastic_s"] = self.runtime.now() - t4  # on the critical path
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
-        return {**rollout_metrics, **train_metrics, "version": self.version,
+        return {**rollout_metrics, **train_metrics, **elastic_metrics, "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
                 "staleness_max": max(lags, default=0),
                 "samples_trained": sum(len(g.trajectories) for g in groups),

@@ -50,6 +50,7 @@ class VersionOrchestrator:
         self.latest = 0
         self.hosted = [0] * num_workers  # version each worker's loaded weights carry
         self.pending: list[Counter[int]] = [Counter() for _ in range(num_workers)]
+        self.available = [True] * num_workers  # False: lent to training (elastic pool)
         self.migrations = 0
 
     # -- what the controller reports ---------------------------------------------------------
@@ -91,6 +92,13 @@ class VersionOrchestrator:
         if self.latest in self.pending[worker] and not self._legacy_pending(worker):
             self.hosted[worker] = self.latest  # drained: the queued new requests start
 
+    def set_available(self, worker: int, available: bool) -> None:
+        """Lend a worker to training (no new requests; `plan` evacuates its running ones) or
+        take it back."""
+        if not available and sum(self.available) == 1 and self.available[worker]:
+            raise ValueError(f"worker {worker} is the last rollout worker; it cannot leave")
+        self.available[worker] = available
+
     # -- decisions ---------------------------------------------------------------------------
 
     def targets(self, new_requests: int = 0) -> dict[int, int]:
@@ -102,31 +110,39 @@ class VersionOrchestrator:
             work.update(pending)
         work[self.latest] += new_requests
         total = sum(work.values()) or 1
+        workers = sum(self.available)
         legacy = sorted(v for v, n in work.items() if n > 0 and v < self.latest)
-        targets = {v: max(1, round(self.num_workers * work[v] / total)) for v in legacy}
-        keep_for_latest = 1 if self.num_workers > len(legacy) else 0
-        while sum(targets.values()) > self.num_workers - keep_for_latest:
+        targets = {v: max(1, round(workers * work[v] / total)) for v in legacy}
+        keep_for_latest = 1 if workers > len(legacy) else 0
+        while sum(targets.values()) > workers - keep_for_latest:
             widest = max(targets, key=lambda v: (targets[v], v))
             if targets[widest] == 1:
                 break
             targets[widest] -= 1
-        targets[self.latest] = self.num_workers - sum(targets.values())
+        targets[self.latest] = max(0, workers - sum(targets.values()))
         return targets
 
     def plan(self, new_requests: int = 0) -> list[Migration]:
-        """Migrations that bring each legacy version down to its share of workers: the hosts
+        """Migrations that bring each legacy version down to its share of workers (the hosts
         with the most of its requests keep it, the others move theirs to the least loaded of
-        those."""
+        those), and that evacuate workers lent to training, where another worker hosts the
+        version of their requests (else those finish where they are)."""
         targets = self.targets(new_requests)
         moves: list[Migration] = []
-        for version in sorted(targets):
-            if version == self.latest:
-                continue
+        for version in sorted({v for pending in self.pending for v in pending}):
             hosts = sorted((w for w in range(self.num_workers) if self.pending[w][version]),
-                           key=lambda w: (-self.pending[w][version], w))
-            share = max(1, targets[version])
-            keep, evacuate = hosts[:share], hosts[share:]
-            for source in evacuate:
+                           key=lambda w: (not self.available[w], -self.pending[w][version], w))
+            receivers = [w for w in range(self.num_workers)
+                         if self.available[w] and self.hosted[w] == version]
+            if version == self.latest:
+                keep = receivers  # the new version only leaves workers lent to training
+            else:
+                keep = [w for w in hosts if self.available[w]][:max(1, targets.get(version, 1))]
+            for source in hosts:
+                # new-version requests queued behind a legacy tail stay: they start there soon
+                staying = version == self.latest and self.available[source]
+                if source in keep or staying or not keep:
+                    continue
                 target = min(keep, key=lambda w: (sum(self.pending[w].values()), w))
                 moves.append(Migration(source, target, version, self.pending[source][version]))
         return moves
@@ -144,10 +160,11 @@ class VersionOrchestrator:
         """The worker for the next request of `version`: least loaded among those that can run
         it soonest (for the latest version: hosts of it before workers still draining)."""
         if version == self.latest:
-            candidates = range(self.num_workers)
+            candidates = [w for w in range(self.num_workers) if self.available[w]]
             return min(candidates, key=lambda w: (self._legacy_pending(w),
                                                   sum(self.pending[w].values()), w))
-        hosts = [w for w in range(self.num_workers) if self.hosted[w] == version]
+        hosts = [w for w in range(self.num_workers)
+                 if self.hosted[w] == version and self.available[w]]
         if not hosts:
             raise ValueError(f"no worker hosts version {version} (hosted: {self.hosted})")
         return min(hosts, key=lambda w: (sum(self.pending[w].values()), w))
@@ -159,8 +176,9 @@ class VersionOrchestrator:
         for worker in range(self.num_workers):
             version = self.hosted[worker]
             busy = sum(self.pending[worker].values())
-            if version < self.latest and self.pending[worker][version] and \
-                    self.latest not in self.pending[worker] and busy < self.slots_per_worker:
+            if self.available[worker] and version < self.latest and \
+                    self.pending[worker][version] and self.latest not in self.pending[worker] \
+                    and busy < self.slots_per_worker:
                 room.append((worker, version, self.slots_per_worker - busy))
         return room
 

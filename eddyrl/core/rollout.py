@@ -206,11 +206,14 @@ class StreamingRollout:
     async def rebalance(self, new_requests: int) -> int:
         """DORA's reassignment after a train step: consolidate legacy versions onto their share
         of workers by aborting requests on evacuated workers and resuming them (same version)
-        on the hosts that keep it. Returns the requests set moving."""
-        if self.partial_rollout or not self.migrate:
-            return 0  # partial rollout: every worker already runs the latest weights
+        on the hosts that keep it; workers lent to training are evacuated the same way.
+        Returns the requests set moving."""
+        if self.partial_rollout:
+            return 0  # every worker already runs the latest weights: lent ones just drain
         moving = 0
         for move in self.orchestrator.plan(new_requests):
+            if not self.migrate and self.orchestrator.available[move.source]:
+                continue  # consolidation off; evacuating a lent worker is still needed
             ids = [rid for rid, r in self._requests.items()
                    if r.worker == move.source and r.version == move.version
                    and r.moving_to is None]
@@ -222,6 +225,24 @@ class StreamingRollout:
             moving += len(ids)
             await self.runtime.abort(move.source, ids)
         return moving
+
+    # -- elastic pool --------------------------------------------------------------------------
+
+    async def lend(self, worker: int) -> int:
+        """Stop giving `worker` work and move its running requests elsewhere where another
+        worker hosts their version; returns the requests still running on it (they finish
+        there: `running_on` says when it is empty)."""
+        self.orchestrator.set_available(worker, False)
+        await self.rebalance(0)
+        return self.running_on(worker)
+
+    def running_on(self, worker: int) -> int:
+        return sum(self.orchestrator.pending[worker].values())
+
+    def take_back(self, worker: int, hosted_version: int) -> None:
+        """`worker` is a rollout worker again, hosting `hosted_version`."""
+        self.orchestrator.hosted[worker] = hosted_version
+        self.orchestrator.set_available(worker, True)
 
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
         self.migrated += 1

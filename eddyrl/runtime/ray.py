@@ -121,11 +121,38 @@ class RayRuntime:
             for result in await self._call(f"rollout worker {worker}", what, ref):
                 yield result
 
-    async def train(self, batch: TrainBatch) -> dict[str, float]:
-        parts = split_for_ranks(batch, len(self.trainers))
-        results = await self._all([(f"trainer rank {r}", "train_step", t.train.remote(part))
-                                   for r, (t, part) in enumerate(zip(self.trainers, parts))])
-        return _combine_rank_metrics(results)
+    async def train(self, batch: TrainBatch, replicas: list[int] | None = None
+                    ) -> dict[str, float]:
+        """One RL step over the trainer ranks and, from the elastic pool, the rollout workers
+        in `replicas` (joined and active): rows are split by tokens over all of them; each
+        replica's gradients reach the ranks through the object store (no new communicator)."""
+        replicas = list(replicas or [])
+        parts = split_for_ranks(batch, len(self.trainers) + len(replicas))
+        total = int(batch.loss_mask.sum())
+        refs = [self.workers[w].replica_gradients.remote(part, total)
+                for w, part in zip(replicas, parts[len(self.trainers):])]
+        replica_tokens = int(sum(p.loss_mask.sum() for p in parts[len(self.trainers):]))
+        # Nested in a list, the references are not awaited before the ranks start: each rank
+        # runs its own forward/backward first and fetches the replicas' gradients after.
+        calls = [(f"trainer rank {r}", "train_step",
+                  t.train.remote(part, refs or None, replica_tokens))
+                 for r, (t, part) in enumerate(zip(self.trainers, parts))]
+        calls += [(f"rollout worker {w} (training replica)", "replica gradients", ref)
+                  for w, ref in zip(replicas, refs)]
+        results = await self._all(calls)
+        return _combine_rank_metrics(results[:len(self.trainers)])
+
+    async def join_training(self, worker: int) -> None:
+        await self._call(f"rollout worker {worker}", "join training",
+                         self.workers[worker].join_training.remote())
+
+    async def replica_version(self, worker: int) -> int:
+        return await self._call(f"rollout worker {worker}", "replica version",
+                                self.workers[worker].replica_version.remote())
+
+    async def leave_training(self, worker: int) -> int:
+        return await self._call(f"rollout worker {worker}", "leave training",
+                                self.workers[worker].leave_training.remote())
 
     async def abort(self, worker: int, request_ids: list[str]) -> None:
         await self._call(f"rollout worker {worker}", f"abort ({len(request_ids)} requests)",

@@ -14,6 +14,7 @@ from ..core.batch import TrainBatch
 from ..core.losses import make_policy_loss
 from ..engines.inference.base import GenerationRequest, GenerationResult
 from ..engines.registry import load_engine_class
+from ..engines.training.replica import GradientReplica
 from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
 from .placement import role_platform_name
 
@@ -26,9 +27,14 @@ def _prepare_process(config: EddyConfig) -> None:
 
 
 class RolloutWorker:
+    """Generates with an inference engine; lent to training by the elastic pool, it also holds
+    a gradient replica (`join_training`) and its engine sleeps until `leave_training`."""
+
     def __init__(self, config: EddyConfig, index: int, model_path: str) -> None:
         _prepare_process(config)
         self.config = config
+        self.model_path = model_path
+        self.replica: GradientReplica | None = None
         self.platform = get_platform(role_platform_name(config, "rollout"))
         self.train_platform = get_platform(role_platform_name(config, "train"),
                                            require_available=False)
@@ -75,10 +81,60 @@ class RolloutWorker:
                                            timeout_s=self.config.cluster.timeout_s)
 
     async def load_weights(self, version: int, specs: list[BucketSpec]) -> int:
-        """Receive each bucket through the channel and load it; returns the new version."""
+        """Receive each bucket through the channel and load it; returns the version the engine
+        now hosts. Lent to training, the worker loads the replica instead (its engine sleeps):
+        the weight sync every rollout worker receives doubles as the replica's state fetch."""
         assert self.channel is not None, "connect_weight_channel was not called"
-        await self.engine.load_weights(version, (self.channel.receive(s) for s in specs))
+        buckets = (self.channel.receive(s) for s in specs)
+        if self.replica is None:
+            await self.engine.load_weights(version, buckets)
+        else:
+            weights: dict[str, torch.Tensor] = {}
+            for bucket in buckets:
+                weights.update(bucket)
+            await asyncio.to_thread(self.replica.load_weights, version, weights)
         return self.engine.version
+
+    # ---- elastic pool: lent to training ----------------------------------------------------
+    async def join_training(self) -> None:
+        """Sleep the engine (its device memory goes to the replica) and build the replica; it
+        gets the trainer's weights with the next weight sync (`replica_version` then says
+        which)."""
+        if self.engine.stats().running:
+            raise RuntimeError("join_training on a worker with running requests; evacuate "
+                               "them first")
+        await self.engine.sleep()
+        temperature = self.config.rollout.temperature if self.config.rollout.temperature > 0 \
+            else 1.0
+        self.replica = await asyncio.to_thread(
+            GradientReplica, self.model_path, self.platform, temperature=temperature,
+            micro_batch_size=self.config.train.micro_batch_size)
+
+    def replica_version(self) -> int:
+        return -1 if self.replica is None else self.replica.version
+
+    def replica_gradients(self, batch: TrainBatch, total_tokens: int
+                          ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """This share's gradients, normalised over the whole step's `total_tokens`."""
+        assert self.replica is not None and self.replica.version >= 0, "not a ready replica"
+        if self.config.algorithm.decoupled:
+            batch.prox_logprobs = self.replica.logprobs(batch)  # one optimizer step: prox = now
+        return self.replica.gradients(batch, self._loss_fn(), total_tokens)
+
+    async def leave_training(self) -> int:
+        """Back to rollout: wake the engine and load the replica's weights (the latest it
+        received) into it; returns the version the engine now hosts."""
+        replica, self.replica = self.replica, None
+        await self.engine.wake()
+        if replica is not None and replica.version > self.engine.version:
+            state = {k: v.detach().clone() for k, v in replica.model.state_dict().items()}
+            await self.engine.load_weights(replica.version, [state])
+        return self.engine.version
+
+    def _loss_fn(self):
+        algo = self.config.algorithm
+        return make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high, kl_coef=0.0,
+                                tis_cap=algo.tis_cap, dual_clip=algo.dual_clip)
 
     def stats(self):
         return self.engine.stats()
@@ -121,9 +177,12 @@ class TrainerRank:
         self.channel: WeightChannel | None = None
         self._outgoing: list[dict[str, torch.Tensor]] = []  # buckets awaiting send_weights
 
-    def train(self, batch: TrainBatch) -> dict[str, float]:
+    def train(self, batch: TrainBatch, replica_results: list | None = None,
+              replica_tokens: int = 0) -> dict[str, float]:
         """The RL update on this rank's rows: `mini_batches` optimizer steps, plus how far the
-        trainer's log-probs are from the sampler's on the same tokens (before the update)."""
+        trainer's log-probs are from the sampler's on the same tokens (before the update).
+        `replica_results`: Ray references to joined replicas' (gradients, metric sums) for this
+        step, awaited only after this rank's own backward passes (elastic pool)."""
         current = self.engine.compute_logprobs(batch)  # the weights before this update
         metrics = self._logprob_mismatch(batch, current)
         if self.reference is not None:
@@ -137,7 +196,9 @@ class TrainerRank:
                 # The proximal policy is the weights at the start of this optimizer step.
                 part.prox_logprobs = (current[rows] if index == 0
                                       else self.engine.compute_logprobs(part))
-            step = self.engine.train_step(part, self.loss_fn)
+            external = _replica_gradients(replica_results, metrics) if replica_results else None
+            step = self.engine.train_step(part, self.loss_fn, extra_tokens=replica_tokens,
+                                          external_grads=external)
             metrics.update({k: v / chunks + metrics.get(k, 0.0) for k, v in step.items()})
         return metrics
 
@@ -178,3 +239,21 @@ class TrainerRank:
 
     def version(self) -> int:
         return self.engine.version
+
+
+def _replica_gradients(refs: list, metrics: dict[str, float]):
+    """A callable for `train_step(external_grads=)`: fetch the joined replicas' results, sum
+    their gradients, and note how many replicas contributed."""
+    def fetch() -> dict[str, torch.Tensor]:
+        import ray
+
+        total: dict[str, torch.Tensor] = {}
+        replica_loss = 0.0
+        for grads, sums in ray.get(list(refs)):
+            replica_loss += sums["loss"]
+            for name, grad in grads.items():
+                total[name] = grad if name not in total else total[name] + grad
+        metrics["replicas_joined"] = float(len(refs))
+        metrics["replica_loss"] = replica_loss  # their share of the step's token-mean loss
+        return total
+    return fetch

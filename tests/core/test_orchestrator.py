@@ -137,3 +137,27 @@ def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
             if version < orch.latest:
                 assert orch.hosted[worker] == version  # C1: legacy requests on a legacy host
         assert sum(sum(p.values()) for p in orch.pending) == len(running)
+
+
+def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
+    orch = VersionOrchestrator(num_workers=3, slots_per_worker=64)
+    orch.dispatched(0, 0, 4)
+    orch.dispatched(1, 0, 2)
+    orch.dispatched(2, 0, 3)
+    orch.published(1, [0, 0, 0])
+    orch.set_available(2, False)  # the elastic pool lends worker 2 to training
+    moves = orch.plan(new_requests=0)
+    # worker 2's requests move to a worker that still hosts version 0 (worker 0, the busiest;
+    # one of the two serving workers is kept free for version 1, so worker 1's move there too)
+    assert sorted(moves, key=lambda m: m.source) == [Migration(1, 0, 0, 2),
+                                                      Migration(2, 0, 0, 3)]
+    for move in moves:
+        orch.moved(move.source, move.target, move.version, move.count)
+    assert sum(orch.pending[2].values()) == 0
+    assert orch.pick(1) != 2 and orch.legacy_room() and all(w != 2 for w, _, _ in
+                                                             orch.legacy_room())
+    orch.set_available(2, True)
+    orch.set_available(0, False)
+    orch.set_available(2, False)
+    with pytest.raises(ValueError, match="last rollout worker"):
+        orch.set_available(1, False)

@@ -137,3 +137,45 @@ def test_checkpoint_before_the_first_step_keeps_a_fresh_optimizer(make_engine, b
     assert fresh.version == 0
     fresh.train_step(batch, LOSS)
     assert all(torch.equal(v, expected[k]) for k, v in _weights(fresh).items())
+
+
+def test_joined_replica_gradients_added_to_a_core_rank_equal_the_union_batch(make_engine,
+                                                                              model_dir, batch):
+    """Libra's elastic pool: a core rank training on part A plus a joined replica's gradients
+    on part B take the same step as one rank on A and B together (same normalisation, same
+    clipping), with no communicator for the replica."""
+    from eddyrl.engines.training.replica import GradientReplica
+
+    loss = make_policy_loss(clip_low=0.2, clip_high=0.28)  # the replica carries no reference
+    a, b = batch.select(slice(0, 3)), batch.select(slice(3, len(batch)))
+    assert b.loss_mask.sum() > 0 and a.loss_mask.sum() > 0
+
+    def captured_step(engine, *args, **kwargs):
+        grads = {}
+        step = engine.optimizer.step
+
+        def record():
+            for name, p in engine.model.named_parameters():
+                full = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[name] = full.detach().clone()
+            step()
+
+        engine.optimizer.step = record
+        metrics = engine.train_step(*args, **kwargs)
+        return grads, metrics
+
+    union, union_metrics = captured_step(make_engine(), batch, loss)
+    replica = GradientReplica(model_dir, get_platform("cpu"), micro_batch_size=2)
+    replica.load_weights(0, _weights(make_engine()))
+    total = int(batch.loss_mask.sum())
+    replica_grads, sums = replica.gradients(b, loss, total)
+    split, split_metrics = captured_step(make_engine(), a, loss,
+                                         extra_tokens=int(b.loss_mask.sum()),
+                                         external_grads=lambda: replica_grads)
+    assert union.keys() == split.keys()
+    for name in union:
+        torch.testing.assert_close(split[name], union[name], rtol=1e-5, atol=1e-7,
+                                   msg=lambda m: f"{name}: {m}")
+    assert split_metrics["tokens"] == union_metrics["tokens"] == total
+    assert split_metrics["grad_norm"] == pytest.approx(union_metrics["grad_norm"], rel=1e-5)
+    assert split_metrics["loss"] + sums["loss"] == pytest.approx(union_metrics["loss"], rel=1e-5)

@@ -19,6 +19,19 @@ class LossFn(Protocol):
         losses is a token-level mean over the global batch whatever the split."""
 
 
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, L] log p(input_ids[t] | input_ids[:t]) at `temperature`; position 0 gets 0. Shared by
+    every engine that trains, so a joined replica's gradients are the core ranks' exactly."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    # Divided by the temperature first, because the sampler reports log-probs of the
+    # temperature-scaled distribution. Simplified: the full [B, L, V] fp32 log-softmax; a
+    # chunked one would save memory at large vocabularies.
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    token_logp = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(token_logp, (1, 0))
+
+
 class TrainEngine(abc.ABC):
     version: int  # policy version of the current weights; +1 per optimizer step
 

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import shutil
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -34,7 +34,7 @@ from ...core.batch import TrainBatch
 from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
-from .base import LossFn, TrainEngine
+from .base import LossFn, TrainEngine, token_logprobs
 
 OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state
 ENGINE_STATE_FILE = "eddy_train_state.json"
@@ -144,15 +144,7 @@ class FSDPTrainEngine(TrainEngine):
         return TrainBatch(**row)
 
     def _logprobs(self, micro: TrainBatch) -> torch.Tensor:
-        """[B, L] log p(input_ids[t] | input_ids[:t]) at temperature; position 0 gets 0."""
-        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                            use_cache=False).logits
-        # Divided by the temperature first, because the sampler reports log-probs of the
-        # temperature-scaled distribution. Simplified: the full [B, L, V] fp32 log-softmax; a
-        # chunked one would save memory at large vocabularies.
-        logp = torch.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)
-        token_logp = logp.gather(-1, micro.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return torch.nn.functional.pad(token_logp, (1, 0))
+        return token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature)
 
     # ---- the contract -------------------------------------------------------------------
     @torch.no_grad()
@@ -167,11 +159,19 @@ class FSDPTrainEngine(TrainEngine):
             return torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
         return torch.cat(rows).to(batch.input_ids.device)
 
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, *, extra_tokens: int = 0,
+                   external_grads: Callable[[], dict[str, torch.Tensor]] | None = None,
+                   ) -> dict[str, float]:
+        """`extra_tokens` / `external_grads`: loss tokens and gradients of joined replicas
+        (elastic pool) outside this data-parallel group. Every rank counts the tokens into the
+        global normalisation; after the ranks' own backward passes, each rank adds its shard of
+        the external gradient (full tensors in HF names, the same on every rank) to its reduced
+        gradient shard: the same sum as adding it before the reduce-scatter, with no new
+        communicator and no extra collective."""
         self.model.train()
         # float64: a float32 count stops being exact past 2**24 tokens per step.
         local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
-        total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item()))
+        total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item())) + extra_tokens
         loss_sum, metric_sums = 0.0, {}
         for micro, padding in self._micro_batches(batch):
             micro = micro.to(self.device)
@@ -183,6 +183,8 @@ class FSDPTrainEngine(TrainEngine):
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens
 
+        if external_grads is not None:
+            self._add_external_grads(external_grads())
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -202,6 +204,25 @@ class FSDPTrainEngine(TrainEngine):
         out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens)}
         out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
         return out
+
+    @torch.no_grad()
+    def _add_external_grads(self, grads: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        params = dict(self.model.named_parameters())
+        unknown = sorted(set(grads) - set(params))
+        if unknown:
+            raise KeyError(f"external gradients for unknown parameters {unknown[:3]}")
+        for name, full in grads.items():
+            param = params[name]
+            if isinstance(param, DTensor):
+                # src_data_rank=None: every rank holds the full tensor, so each keeps its own
+                # shard without any communication.
+                full = distribute_tensor(full.to(self.device, param.dtype), param.device_mesh,
+                                         param.placements, src_data_rank=None)
+            else:
+                full = full.to(self.device, param.dtype)
+            param.grad = full.clone() if param.grad is None else param.grad + full
 
     @torch.no_grad()
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:

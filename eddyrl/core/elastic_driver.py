@@ -1,0 +1,221 @@
+"""The elastic pool at work: the controller's side of Libra's join/leave protocol
+(`scheduler/elastic.py`) and of the adaptive split (`scheduler/adaptive.py`).
+
+At each step boundary the driver
+1. reports the step's measurements to the adaptive scheduler and applies its decision (borrow
+   or return one worker), and any move pinned in the config (`elastic.schedule`);
+2. carries every move forward: it performs the protocol's actions through the runtime and the
+   streaming rollout, and reports back what finished since the last boundary;
+3. names the joined replicas whose gradients count in the next step (`replicas`).
+
+Nothing here makes a step wait for a migration. What takes time — sleeping an engine and
+building a replica, waking it and loading weights — runs as background tasks whose results
+are picked up at a later boundary; the state fetch is the weight sync every rollout worker gets
+anyway. On the critical path are only cheap queries (a replica's weight version).
+
+Pool ids: rollout worker i is id i; trainer rank r (a core replica, never moved) is
+id num_rollout_workers + r.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..scheduler.adaptive import AdaptiveScheduler, Change
+from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
+from .rollout import StreamingRollout
+
+
+JOINING = (State.REQUESTED, State.FETCHING_STATE, State.ZERO_SYNC, State.ACTIVATING)
+
+
+def parse_schedule(entries: list[str], rollout_workers: int) -> dict[int, list[tuple[str, int]]]:
+    """`["3 join 1", "6 leave 1"]` -> {3: [("join", 1)], 6: [("leave", 1)]}: after step 3,
+    rollout worker 1 is asked to join training; after step 6, to leave."""
+    schedule: dict[int, list[tuple[str, int]]] = {}
+    for entry in entries:
+        parts = entry.split()
+        if len(parts) != 3 or parts[1] not in ("join", "leave") or \
+                not (parts[0].isdigit() and parts[2].isdigit()):
+            raise ConfigError(f"elastic.schedule entry {entry!r}: expected '<step> join|leave "
+                              "<rollout worker>', e.g. '3 join 1'")
+        step, verb, worker = int(parts[0]), parts[1], int(parts[2])
+        if worker >= rollout_workers:
+            raise ConfigError(f"elastic.schedule entry {entry!r}: rollout worker {worker} does "
+                              f"not exist (rollout.num_workers = {rollout_workers})")
+        schedule.setdefault(step, []).append((verb, worker))
+    return schedule
+
+
+@dataclass
+class ElasticDriver:
+    runtime: Any  # controller.Runtime with join_training / replica_version / leave_training
+    rollout: StreamingRollout
+    pool: ElasticPool
+    adaptive: AdaptiveScheduler | None = None
+    schedule: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    rollout_group_size: int = 1  # requests per group (n_samples), for the pressure signal
+    _tasks: dict[int, tuple[asyncio.Task, int, str]] = field(default_factory=dict)
+    _busy_before: float | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def num_rollout(self) -> int:
+        return len(self.rollout.orchestrator.available)
+
+    def replicas(self) -> list[int]:
+        """Rollout workers whose replica gradients count in the next step."""
+        return [w for w in self.pool.contributors() if w < self.num_rollout]
+
+    async def boundary(self, step: int, version: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After step `step` (the trainer now at `version`, weights synced): decide, report,
+        act. Returns metrics for the step's record."""
+        await self._collect_finished()
+        await self._report_fetched(version)
+        for action in self.pool.step_boundary(step):
+            await self._perform(action)
+        await self._decide(step, metrics)
+        for verb, worker in self.schedule.get(step, []):
+            await self._request(verb, worker, f"schedule: {step} {verb} {worker}")
+        await self._advance_lent()
+        return {"elastic_replicas": len(self.replicas()),
+                "elastic_borrowed": len(self.pool.borrowed()),
+                "elastic_states": {str(w): self.pool.state(w).value
+                                   for w in range(self.num_rollout)
+                                   if self.pool.state(w) is not State.ROLLOUT}}
+
+    def report(self) -> dict[str, Any]:
+        """For the run summary: requests and decisions with reasons, and every transition."""
+        return {"events": list(self.events),
+                "timeline": [t._asdict() | {"from_state": t.from_state.value,
+                                            "to_state": t.to_state.value}
+                             for t in self.pool.timeline]}
+
+    async def drain(self) -> None:
+        """Let background moves finish (end of run): workers end up where their moves lead."""
+        for task, _, _ in list(self._tasks.values()):
+            await asyncio.gather(task, return_exceptions=True)
+        await self._collect_finished()
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    async def _decide(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.adaptive is None or not metrics.get("train_s"):
+            return
+        rollout_s = await self._rollout_busy_per_worker()
+        if rollout_s <= 0:
+            return
+        orchestrator = self.rollout.orchestrator
+        serving = max(sum(orchestrator.available), 1)
+        pressure = min(1.0, self.rollout.window.running * self.rollout_group_size /
+                       (serving * orchestrator.slots_per_worker))
+        self.adaptive.observe(step, rollout_s, metrics["train_s"], pressure,
+                              float(metrics.get("staleness_mean", 0.0)))
+        decision = self.adaptive.decide(can_borrow=bool(self.pool.joinable()),
+                                        can_return=bool(self.pool.leavable()))
+        self.events.append({"step": step, "decision": decision.change.value,
+                            "reason": decision.reason})
+        if decision.change is Change.BORROW:
+            # the least busy serving worker: its requests move away fastest
+            candidates = self.pool.joinable()
+            worker = min(candidates, key=lambda w: (self.rollout.running_on(w), w))
+            await self._request("join", worker, f"adaptive: {decision.reason}")
+        elif decision.change is Change.RETURN:
+            await self._request("leave", self.pool.leavable()[0],
+                                f"adaptive: {decision.reason}")
+
+    async def _rollout_busy_per_worker(self) -> float:
+        """Seconds the serving rollout workers spent generating since the last boundary, per
+        worker: the rollout time of a step, whether or not the trainer waited for it."""
+        stats = await self.runtime.worker_stats()
+        busy = sum(s.busy_seconds for s in stats)
+        before, self._busy_before = self._busy_before, busy
+        if before is None:
+            return 0.0
+        return (busy - before) / max(sum(self.rollout.orchestrator.available), 1)
+
+    async def _request(self, verb: str, worker: int, reason: str) -> None:
+        """Ask the pool for a move; a refusal (limits, or the worker mid-move) is recorded
+        and the run goes on."""
+        event = {"step": self.pool.step, "worker": worker, "request": verb, "reason": reason}
+        self.events.append(event)
+        try:
+            if verb == "join":
+                action = self.pool.request_join(worker)
+            elif self.pool.state(worker) in JOINING:
+                action = self.pool.cancel(worker)  # not trained yet: undo the join instead
+                event["cancelled_join"] = True
+            else:
+                action = self.pool.request_leave(worker)
+        except PoolError as refusal:
+            event["refused"] = str(refusal)
+            return
+        await self._perform(action)
+
+    # -- actions -----------------------------------------------------------------------------
+
+    async def _perform(self, action: Action) -> None:
+        worker = action.worker
+        if action.kind is Do.SLEEP_ENGINE:
+            await self.rollout.lend(worker)  # its requests move; the join starts once drained
+        elif action.kind in (Do.DETACH_AND_WAKE, Do.ABORT_FETCH_AND_WAKE,
+                             Do.DROP_GRADIENTS_AND_WAKE, Do.WAKE_ENGINE_AND_LOAD):
+            self._start(worker, action.generation, "leave",
+                        self.runtime.leave_training(worker))
+        elif action.kind is Do.RETURN_TO_ROLLOUT:
+            pass  # done by whoever reported the weights loaded (it knows the hosted version)
+        # FETCH_STATE: the next weight sync fetches it; START_ZERO_GRADS, ACTIVATE,
+        # RELEASE_AT_BOUNDARY, NONE: only who contributes changes, which `replicas` reads.
+
+    async def _advance_lent(self) -> None:
+        """Lent workers whose rollout requests have all finished start joining (engine sleep and
+        replica build, in the background)."""
+        for worker in range(self.num_rollout):
+            if self.pool.state(worker) is State.REQUESTED and worker not in self._tasks \
+                    and self.rollout.running_on(worker) == 0:
+                self._start(worker, self.pool.generation(worker), "join",
+                            self.runtime.join_training(worker))
+
+    def _start(self, worker: int, generation: int, what: str, call) -> None:
+        self._tasks[worker] = (asyncio.ensure_future(call), generation, what)
+
+    async def _collect_finished(self) -> None:
+        for worker, (task, generation, what) in list(self._tasks.items()):
+            if not task.done():
+                continue
+            del self._tasks[worker]
+            error = task.exception()
+            if error is not None:
+                self.events.append({"step": self.pool.step, "worker": worker,
+                                    "failed": what, "error": str(error)})
+                action = self.pool.failed(worker, f"{what}: {error}", generation)
+                if action is not None:
+                    await self._perform(action)
+                continue
+            if what == "join":
+                action = self.pool.engine_slept(worker, generation)
+            else:
+                action = self.pool.weights_loaded(worker, generation)
+                if action is not None and action.kind is Do.RETURN_TO_ROLLOUT:
+                    self.rollout.take_back(worker, task.result())
+            if action is not None:
+                await self._perform(action)
+
+    async def _report_fetched(self, version: int) -> None:
+        """A replica holding the trainer's current weights has fetched its state."""
+        for worker in range(self.num_rollout):
+            if self.pool.state(worker) is State.FETCHING_STATE:
+                if await self.runtime.replica_version(worker) >= version:
+                    action = self.pool.state_fetched(worker, self.pool.generation(worker))
+                    if action is not None:
+                        await self._perform(action)
+
+
+def build_pool(num_rollout: int, num_train: int, config) -> ElasticPool:
+    """Rollout workers 0..n-1, trainer ranks after them as the fixed core."""
+    workers = {i: Role.ROLLOUT for i in range(num_rollout)}
+    workers.update({num_rollout + r: Role.TRAIN for r in range(num_train)})
+    return ElasticPool(workers, [num_rollout + r for r in range(num_train)], config)

@@ -1,0 +1,316 @@
+"""Libra's causality-guided bucket scheduler: which rollout instance runs a request, and when to
+move it to a bucket sized for what it has left to generate.
+
+Instances are grouped into buckets by the longest output they are provisioned for (e.g. short:
+TP2, <= 3000 tokens; long: TP4, <= 32768). A request's length is predicted from what already
+happened to it, not from its prompt: each tool return is summarised as a `ToolState` (tool,
+payload size class, status), and a request's path of states keys a prefix tree whose nodes keep
+the remaining output tokens observed after reaching them (last `window` requests; mean and P90
+refreshed every `rebuild_every` finished requests). There is one tree per prompt and a global
+one. Single-turn generation uses generated-length milestones as states instead (`Milestone`),
+which makes the router a multi-level feedback queue.
+
+New requests start in the smallest bucket. At each state the router takes the deepest node on
+the request's path with at least `min_observations` (at equal depth the prompt tree wins over the
+global one), maps `tokens_so_far + mean` and `tokens_so_far + P90` to the smallest bucket that
+fits each, and moves the request only if both land in the same bucket and it is not the current
+one: a heavy tail (mean fits, P90 does not) is not trusted either way. Within a bucket, the
+instance with the fewest connections is chosen. A move either re-prefills the prefix on the
+target ("recompute") or moves the KV cache ("carry_kv", only between engines that both support
+it), whichever the injected cost functions say is cheaper; `cost_model.py` plugs in there.
+
+The baselines are settings of the same router, and never move a request:
+- round_robin: cycles over all instances, buckets ignored;
+- least_load: the instance with the fewest connections overall;
+- fifo: the bucket policy with prediction off (smallest bucket, least connections, no moves),
+  so comparing it with "bucket" isolates what causality-guided moves buy.
+
+Simplified: when only a shallower node is trusted, its remaining length is used as the remaining
+length now, although it was measured from an earlier point; the estimate errs long. Sans-IO: no
+clock, no randomness; ties fall back to the order buckets and instances are listed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+
+from ..errors import ConfigError
+from ..validation import check_choice, check_range, contradiction
+from .prefix_tree import (Milestone, NodeStats, Prediction, PrefixTrees, State, ToolState,
+                          milestone_state, p90)
+
+__all__ = ["BucketRouter", "BucketSpec", "Milestone", "Move", "NodeStats", "Placement",
+           "Prediction", "PrefixTrees", "RoutingConfig", "RoutingError", "RoutingStats",
+           "ToolState", "milestone_state", "p90"]
+
+POLICIES = ("bucket", "round_robin", "least_load", "fifo")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    name: str
+    max_tokens: int  # largest total output a request in this bucket is expected to need
+    parallelism: int = 1  # tensor-parallel degree of each instance; informational here
+
+
+def _default_buckets() -> list[BucketSpec]:
+    return [BucketSpec("short", 3000, 2), BucketSpec("medium", 6000, 2),
+            BucketSpec("long", 32768, 4)]
+
+
+@dataclass(kw_only=True, slots=True)
+class RoutingConfig:
+    policy: str = "bucket"  # or a baseline: round_robin, least_load, fifo
+    buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising
+    window: int = 200  # observations each tree node keeps
+    rebuild_every: int = 100  # finished requests between refreshes of the node statistics
+    min_observations: int = 8  # a node is trusted from this many observations on
+    milestones: list[int] = field(default_factory=lambda: [256, 1024, 4096])  # single-turn
+    payload_bytes: list[int] = field(default_factory=lambda: [1024, 16384])  # medium, large from
+
+    def validate(self, prefix: str) -> None:
+        check_choice(f"{prefix}.policy", self.policy, POLICIES)
+        check_range(f"{prefix}.window", self.window, 1)
+        check_range(f"{prefix}.rebuild_every", self.rebuild_every, 1)
+        check_range(f"{prefix}.min_observations", self.min_observations, 1)
+        if self.min_observations > self.window:
+            raise contradiction(
+                f"{prefix}.min_observations = {self.min_observations} exceeds {prefix}.window "
+                f"= {self.window}: no node could ever be trusted. Lower min_observations")
+        if not self.buckets:
+            raise ConfigError(f"config key '{prefix}.buckets' is empty; give at least one "
+                              f"bucket (name, max_tokens, parallelism)")
+        for i, spec in enumerate(self.buckets):
+            if not spec.name:
+                raise ConfigError(f"config key '{prefix}.buckets[{i}].name' is empty")
+            check_range(f"{prefix}.buckets[{i}].max_tokens", spec.max_tokens, 1)
+            check_range(f"{prefix}.buckets[{i}].parallelism", spec.parallelism, 1)
+        names = [spec.name for spec in self.buckets]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise contradiction(f"{prefix}.buckets repeats the name(s) {repeated}; "
+                                f"each bucket needs its own name")
+        limits = [spec.max_tokens for spec in self.buckets]
+        if any(a >= b for a, b in itertools.pairwise(limits)):
+            raise contradiction(f"{prefix}.buckets max_tokens = {limits} must rise strictly: "
+                                f"the router picks the first bucket that fits")
+        _check_rising(f"{prefix}.milestones", self.milestones)
+        _check_rising(f"{prefix}.payload_bytes", self.payload_bytes)
+        if len(self.payload_bytes) != 2:
+            raise ConfigError(f"config key '{prefix}.payload_bytes' = {self.payload_bytes} needs "
+                              f"exactly 2 thresholds: where medium and large payloads start")
+
+
+def _check_rising(key: str, values: list[int]) -> None:
+    for i, value in enumerate(values):
+        check_range(f"{key}[{i}]", value, 1)
+    if any(a >= b for a, b in itertools.pairwise(values)):
+        raise ConfigError(f"config key {key!r} = {values} must rise strictly")
+
+
+# -- states ------------------------------------------------------------------------------------
+
+class Placement(NamedTuple):
+    bucket: str
+    instance: int
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Move a running request from `source` to `target`: re-prefill its tokens there
+    ("recompute") or move its KV cache ("carry_kv")."""
+
+    request_id: str
+    source: Placement
+    target: Placement
+    how: str
+
+
+# Seconds to move a request of `tokens` tokens from one bucket to another; cost_model.py
+# provides profiled ones.
+MoveCostFn = Callable[[int, BucketSpec, BucketSpec], float]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingStats:
+    connections: dict[str, int]  # running requests per bucket
+    moves: int
+    carry_kv_moves: int  # moves that carried the KV cache; the rest recomputed
+    predictions: dict[str, int]  # bucket-policy routing decisions by source: prompt/global/none
+
+
+@dataclass(slots=True)
+class _Request:
+    prompt_id: str
+    placement: Placement
+    path: list[State] = field(default_factory=list)
+    tokens_at_state: list[int] = field(default_factory=list)  # tokens_so_far at each state
+
+
+class RoutingError(RuntimeError):
+    """A call the router cannot honour: the caller broke the start/on_state/finish protocol."""
+
+
+class BucketRouter:
+    def __init__(self, config: RoutingConfig, instances: Mapping[str, Sequence[int]], *,
+                 recompute_seconds: MoveCostFn | None = None,
+                 carry_kv_seconds: MoveCostFn | None = None,
+                 carry_kv_instances: Iterable[int] = ()) -> None:
+        """`instances` maps each bucket name to its instance ids. A move carries the KV cache
+        only if both ends are in `carry_kv_instances` and both cost functions are given and
+        say it is cheaper; otherwise it recomputes."""
+        config.validate("routing")
+        self.config = config
+        self.trees = PrefixTrees(config.window, config.rebuild_every, config.min_observations)
+        self.specs = {spec.name: spec for spec in config.buckets}
+        self._check_instances(instances)
+        self.instances = {name: list(instances[name]) for name in self.specs}
+        self._bucket_of = {i: name for name, ids in self.instances.items() for i in ids}
+        self._connections = dict.fromkeys(self._bucket_of, 0)
+        self._round_robin = itertools.cycle(list(self._bucket_of))
+        self.recompute_seconds = recompute_seconds
+        self.carry_kv_seconds = carry_kv_seconds
+        self.carry_kv_instances = frozenset(carry_kv_instances)
+        self._requests: dict[str, _Request] = {}
+        self._moves = self._carry_kv_moves = 0
+        self._predictions = {"prompt": 0, "global": 0, "none": 0}
+
+    # -- protocol --------------------------------------------------------------------------------
+
+    def start(self, request_id: str, prompt_id: str) -> Placement:
+        """Place a new request."""
+        if request_id in self._requests:
+            raise RoutingError(f"request {request_id!r} is already started")
+        policy = self.config.policy
+        if policy == "round_robin":
+            instance = next(self._round_robin)
+        elif policy == "least_load":
+            instance = min(self._connections, key=self._connections.__getitem__)
+        else:  # bucket, fifo: the smallest bucket
+            instance = self._least_connected(self.config.buckets[0].name)
+        placement = Placement(self._bucket_of[instance], instance)
+        self._connections[instance] += 1
+        self._requests[request_id] = _Request(prompt_id, placement)
+        return placement
+
+    def on_state(self, request_id: str, state: State, tokens_so_far: int) -> Move | None:
+        """A tool returned (or a milestone passed) after `tokens_so_far` output tokens: record
+        the state and return the move to make, if any (the caller must then carry it out)."""
+        request = self._request(request_id)
+        if request.tokens_at_state and tokens_so_far < request.tokens_at_state[-1]:
+            raise RoutingError(f"request {request_id!r}: tokens_so_far = {tokens_so_far} is "
+                               f"below the {request.tokens_at_state[-1]} reported before")
+        request.path.append(state)
+        request.tokens_at_state.append(tokens_so_far)
+        return self._route(request_id, request, tokens_so_far)
+
+    def on_progress(self, request_id: str, generated_tokens: int) -> Move | None:
+        """Single-turn generation: enter every milestone `generated_tokens` has passed since the
+        last call (each at its own token count, so paths stay comparable however often the
+        caller reports), then route once."""
+        request = self._request(request_id)
+        reached = milestone_state(generated_tokens, self.config.milestones)
+        entered = sum(isinstance(state, Milestone) for state in request.path)
+        if reached is None or reached.index < entered:
+            return None
+        for index in range(entered, reached.index + 1):
+            request.path.append(Milestone(index))
+            request.tokens_at_state.append(self.config.milestones[index])
+        return self._route(request_id, request, generated_tokens)
+
+    def finish(self, request_id: str, total_tokens: int) -> None:
+        """The request ended after `total_tokens` output tokens: free its connection and learn
+        from it. The router already knows its path, and the tokens at each state, so the
+        remaining length after every prefix follows."""
+        request = self._request(request_id)
+        reached = request.tokens_at_state[-1] if request.tokens_at_state else 0
+        if total_tokens < reached:
+            raise RoutingError(f"request {request_id!r} finished with {total_tokens} tokens, "
+                               f"fewer than the {reached} it had at its last state")
+        remaining = [total_tokens] + [total_tokens - t for t in request.tokens_at_state]
+        self.trees.observe(request.prompt_id, request.path, remaining)
+        self.cancel(request_id)
+
+    def cancel(self, request_id: str) -> None:
+        """The request was aborted: free its connection without learning from it (a cut-short
+        length would bias the predictions short)."""
+        request = self._request(request_id)
+        del self._requests[request_id]
+        self._connections[request.placement.instance] -= 1
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def placement(self, request_id: str) -> Placement:
+        return self._request(request_id).placement
+
+    def stats(self) -> RoutingStats:
+        per_bucket = {name: sum(self._connections[i] for i in ids)
+                      for name, ids in self.instances.items()}
+        return RoutingStats(per_bucket, self._moves, self._carry_kv_moves,
+                            dict(self._predictions))
+
+    def bucket_for(self, total_tokens: float) -> str:
+        """The smallest bucket whose max_tokens fits `total_tokens`; the largest if none does."""
+        for spec in self.config.buckets:
+            if total_tokens <= spec.max_tokens:
+                return spec.name
+        return self.config.buckets[-1].name
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _route(self, request_id: str, request: _Request, tokens_so_far: int) -> Move | None:
+        if self.config.policy != "bucket":
+            return None  # baselines never move a request
+        prediction = self.trees.predict(request.prompt_id, request.path)
+        self._predictions[prediction.source if prediction else "none"] += 1
+        if prediction is None:
+            return None
+        by_mean = self.bucket_for(tokens_so_far + prediction.mean)
+        by_p90 = self.bucket_for(tokens_so_far + prediction.p90)
+        source = request.placement
+        if by_mean != by_p90 or by_mean == source.bucket:
+            return None
+        target = Placement(by_mean, self._least_connected(by_mean))
+        how = self._how_to_move(tokens_so_far, source, target)
+        self._connections[source.instance] -= 1
+        self._connections[target.instance] += 1
+        request.placement = target
+        self._moves += 1
+        if how == "carry_kv":
+            self._carry_kv_moves += 1
+        return Move(request_id, source, target, how)
+
+    def _how_to_move(self, tokens: int, source: Placement, target: Placement) -> str:
+        both_carry = {source.instance, target.instance} <= self.carry_kv_instances
+        if not both_carry or self.carry_kv_seconds is None or self.recompute_seconds is None:
+            return "recompute"  # always possible: the target re-prefills the tokens so far
+        src, dst = self.specs[source.bucket], self.specs[target.bucket]
+        carry = self.carry_kv_seconds(tokens, src, dst)
+        return "carry_kv" if carry < self.recompute_seconds(tokens, src, dst) else "recompute"
+
+    def _least_connected(self, bucket: str) -> int:
+        return min(self.instances[bucket], key=self._connections.__getitem__)
+
+    def _request(self, request_id: str) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise RoutingError(f"request {request_id!r} is not running (never started, or "
+                               f"already finished)") from None
+
+    def _check_instances(self, instances: Mapping[str, Sequence[int]]) -> None:
+        unknown = sorted(set(instances) - set(self.specs))
+        if unknown:
+            raise ConfigError(f"instances name unknown bucket(s) {unknown}; configured "
+                              f"buckets: {list(self.specs)}")
+        empty = [name for name in self.specs if not instances.get(name)]
+        if empty:
+            raise ConfigError(f"bucket(s) {empty} have no instance; give each configured "
+                              f"bucket at least one (got {dict(instances)})")
+        ids = [i for name in self.specs for i in instances[name]]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ConfigError(f"instance(s) {repeated} appear more than once in "
+                              f"{dict(instances)}; each instance belongs to one bucket")
