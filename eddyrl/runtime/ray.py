@@ -134,13 +134,13 @@ class RayRuntime:
         replica_tokens = int(sum(p.loss_mask.sum() for p in parts[len(self.trainers):]))
         # Nested in a list, the references are not awaited before the ranks start: each rank
         # runs its own forward/backward first and fetches the replicas' gradients after.
-        calls = [(f"trainer rank {r}", "train_step",
-                  t.train.remote(part, refs or None, replica_tokens))
-                 for r, (t, part) in enumerate(zip(self.trainers, parts))]
-        calls += [(f"rollout worker {w} (training replica)", "replica gradients", ref)
-                  for w, ref in zip(replicas, refs)]
-        results = await self._all(calls)
-        return _combine_rank_metrics(results[:len(self.trainers)])
+        # The driver does not fetch the gradients itself: a replica's failure or hang reaches it
+        # through the ranks' calls (and their deadline), which wait for them.
+        results = await self._all([(f"trainer rank {r}", "train_step (with replicas "
+                                    f"{replicas})" if replicas else "train_step",
+                                    t.train.remote(part, refs or None, replica_tokens))
+                                   for r, (t, part) in enumerate(zip(self.trainers, parts))])
+        return _combine_rank_metrics(results)
 
     async def join_training(self, worker: int) -> None:
         await self._call(f"rollout worker {worker}", "join training",
