@@ -1,5 +1,7 @@
 """The elastic pool's config-facing parts: pinned schedules and the cross-section checks."""
 
+import asyncio
+
 import pytest
 
 from eddyrl.config import load_config
@@ -36,3 +38,101 @@ def test_pool_ids_put_trainer_ranks_after_rollout_workers_as_the_fixed_core():
 def test_contradictory_elastic_settings_are_refused_by_name(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=overrides)
+
+
+class FakeRuntime:
+    """The runtime calls the driver makes, with scripted outcomes; nothing generates."""
+
+    def __init__(self, fail_join=False):
+        self.fail_join = fail_join
+        self.replica = {}  # worker -> replica weight version (-1: building, no weights yet)
+        self.calls = []
+        self.workers = [object(), object()]
+
+    async def join_training(self, worker):
+        self.calls.append(("join", worker))
+        await asyncio.sleep(0)
+        if self.fail_join:
+            raise RuntimeError("rollout worker 1 failed during join training: out of memory")
+        self.replica[worker] = -1
+
+    async def replica_version(self, worker):
+        return self.replica.get(worker, -1)
+
+    async def leave_training(self, worker):
+        self.calls.append(("leave", worker))
+        self.replica.pop(worker, None)
+        return 7  # the version its woken engine now hosts
+
+    async def worker_stats(self):
+        return []
+
+    def sync(self, version):  # what a weight sync does to a replica
+        for worker in self.replica:
+            self.replica[worker] = version
+
+
+def _driver(runtime, schedule):
+    from eddyrl.core.elastic_driver import ElasticDriver
+    from eddyrl.core.ledger import Ledger
+    from eddyrl.core.orchestrator import VersionOrchestrator
+    from eddyrl.core.rewarding import SafeReward
+    from eddyrl.core.rollout import StreamingRollout
+    from eddyrl.core.version_window import VersionWindow
+
+    rollout = StreamingRollout(runtime, VersionWindow(max_staleness=1, batch_groups=1,
+                                                      max_concurrent=4),
+                               VersionOrchestrator(2, 8), Ledger(),
+                               SafeReward(lambda r, a: 0.0), decode=str)
+    pool = build_pool(2, 1, ElasticConfig(enabled=True))
+    return ElasticDriver(runtime, rollout, pool, schedule=parse_schedule(schedule, 2))
+
+
+async def _boundaries(driver, runtime, steps):
+    seen = []
+    for step in range(1, steps + 1):
+        runtime.sync(step)
+        await driver.boundary(step, step, {})
+        await asyncio.sleep(0.01)  # a step: background moves run meanwhile
+        seen.append((step, driver.pool.state(1).value, driver.replicas(),
+                     driver.rollout.orchestrator.available[1]))
+    return seen
+
+
+def test_driver_walks_the_join_and_leave_protocol_off_the_critical_path():
+    runtime = FakeRuntime()
+    driver = _driver(runtime, ["1 join 1", "5 leave 1"])
+    seen = asyncio.run(_boundaries(driver, runtime, 7))
+    states = [state for _, state, _, _ in seen]
+    # join after 1: slept and built during step 2, fetched with step 2's sync, activated at
+    # that barrier; leave after 5: contributes to step 6, detaches, back for step 7
+    assert states == ["requested", "activating", "active", "active", "releasing",
+                      "loading_weights", "rollout"]
+    # gradients count from the step after activation until the leave detaches it
+    assert [replicas for _, _, replicas, _ in seen] == [[], [1], [1], [1], [1], [], []]
+    assert [available for *_, available in seen] == [False] * 6 + [True]
+    assert driver.rollout.orchestrator.hosted[1] == 7  # what the woken engine reported
+    assert runtime.calls == [("join", 1), ("leave", 1)]
+
+
+def test_a_failed_join_returns_the_worker_to_rollout_and_records_why():
+    runtime = FakeRuntime(fail_join=True)
+    driver = _driver(runtime, ["1 join 1"])
+    seen = asyncio.run(_boundaries(driver, runtime, 4))
+    assert [state for _, state, _, _ in seen] == ["requested", "loading_weights", "rollout",
+                                                    "rollout"]
+    assert seen[-1][3] is True and all(replicas == [] for _, _, replicas, _ in seen)
+    failures = [e for e in driver.events if "failed" in e]
+    assert failures and "out of memory" in failures[0]["error"]
+    assert any("failed" in t.reason for t in driver.pool.timeline)
+
+
+def test_a_scheduled_leave_during_a_join_cancels_it_and_a_late_report_is_harmless():
+    runtime = FakeRuntime()
+    driver = _driver(runtime, ["1 join 1", "1 leave 1"])  # changed its mind at once
+    seen = asyncio.run(_boundaries(driver, runtime, 3))
+    assert [state for _, state, _, _ in seen] == ["loading_weights", "rollout", "rollout"]
+    assert any(e.get("cancelled_join") for e in driver.events)
+    # the join task never started (the worker left REQUESTED first); had it, its report would
+    # carry an old generation and be ignored
+    assert all(replicas == [] for _, _, replicas, _ in seen)
