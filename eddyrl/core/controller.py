@@ -157,7 +157,7 @@ class Controller:
         t0 = self.runtime.now()
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
-        moved_before = self.rollout.migrated
+        moved_before, restarted_before = self.rollout.migrated, self.rollout.restarted
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
@@ -195,6 +195,7 @@ class Controller:
                 "replay_samples": replay_samples, "skipped": int(not groups),
                 "replay_fraction": len(replayed) / max(len(groups), 1),
                 "migrated_requests": self.rollout.migrated - moved_before,
+                "restarted_requests": self.rollout.restarted - restarted_before,
                 "inflight_groups": self.window.running,
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
                 # tokens of this step's batch over the step's wall time: with rollout running

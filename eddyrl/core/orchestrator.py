@@ -137,7 +137,9 @@ class VersionOrchestrator:
             if version == self.latest:
                 keep = receivers  # the new version only leaves workers lent to training
             else:
-                keep = [w for w in hosts if self.available[w]][:max(1, targets.get(version, 1))]
+                # Only workers that host the version now can take its requests: one whose book
+                # still shows some (results on their way) may already run newer weights.
+                keep = [w for w in hosts if w in receivers][:max(1, targets.get(version, 1))]
             for source in hosts:
                 # new-version requests queued behind a legacy tail stay: they start there soon
                 staying = version == self.latest and self.available[source]

@@ -66,6 +66,7 @@ class StreamingRollout:
     _waiters: dict[str, asyncio.Future] = field(default_factory=dict)  # generate_now groups
     _expected: dict[str, int] = field(default_factory=dict)  # generate_now group -> responses
     migrated: int = 0  # requests moved between workers, in all
+    restarted: int = 0  # trajectories regenerated because their version's weights were gone
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -138,6 +139,9 @@ class StreamingRollout:
 
     def _on_result(self, worker: int, result: GenerationResult) -> None:
         request = self._requests[result.request_id]
+        if result.finish_reason == "refused":
+            self._restart(request, result.request_id)
+            return
         if request.moving_to is not None:
             # The orchestrator's book has had it on the target since the move was decided.
             request.worker, request.moving_to = request.moving_to, None
@@ -243,6 +247,20 @@ class StreamingRollout:
         """`worker` is a rollout worker again, hosting `hosted_version`."""
         self.orchestrator.hosted[worker] = hosted_version
         self.orchestrator.set_available(worker, True)
+
+    def _restart(self, request: _Request, request_id: str) -> None:
+        """A worker refused the request: the weights of its version are gone there (its book
+        entry was behind the engine, e.g. results still on their way when new weights were
+        applied). C1 forbids finishing it on other weights, so it is regenerated from scratch
+        on the latest version: one version per trajectory, no sample lost. Its group keeps its
+        dispatch version in the window, which only makes the staleness bound conservative."""
+        self.orchestrator.finished(request.worker, request.version)
+        request.version = self.orchestrator.latest
+        request.worker = self.orchestrator.pick(request.version)
+        self.orchestrator.dispatched(request.worker, request.version)
+        self.restarted += 1
+        self._launch_all({request.worker: [GenerationRequest(
+            request_id, request.group.prompt_ids, request.sampling, version=request.version)]})
 
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
         self.migrated += 1

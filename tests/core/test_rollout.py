@@ -102,3 +102,25 @@ def test_a_worker_failure_reaches_the_waiting_trainer_with_its_cause(two_workers
 
     with pytest.raises(RuntimeError, match="worker 0 failed during generate: boom"):
         asyncio.run(scenario())
+
+
+def test_a_request_refused_for_a_vanished_version_is_regenerated_on_the_latest(two_workers):
+    """If a request reaches a worker that no longer hosts its version (the bookkeeping was
+    behind the engine), the trajectory restarts from scratch on the latest version: one
+    version per trajectory, and the group still completes."""
+    runtime, base = two_workers
+    rollout, ledger, window = _rollout(runtime, k=2)
+
+    async def scenario():
+        await _publish(runtime, rollout, base, 1)  # both idle: both apply version 1 at once
+        # the book believes worker 1 still hosts version 0 (as if its news were late)
+        rollout.orchestrator.hosted[1] = 0
+        group = _groups(ledger, ["late"])[0]
+        # a legacy-version group (the window still admits version 0: its deadline is ahead)
+        rollout.dispatch([group], 2, SamplingParams(max_new_tokens=6), version=0, worker=1)
+        return await rollout.next_batch()
+
+    (group,) = asyncio.run(scenario())
+    assert rollout.restarted == 2
+    assert len(group.trajectories) == 2
+    assert all(set(t.result.versions) == {1} for t in group.trajectories)  # C1

@@ -169,7 +169,8 @@ def _versioned(n, version, max_new=40, prefix="v"):
 def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny_model_dir):
     """DORA's worker contract: staged weights do not evict the hosted version while requests of
     it still arrive (migration, legacy fill); a request for the staged version waits for the
-    running ones to drain and then runs on it; a request for a version that is gone is refused."""
+    running ones to drain and then runs on it; a request for a version that is gone comes back
+    "refused", untouched."""
     engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=5)
 
     async def scenario():
@@ -186,8 +187,9 @@ def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny
     first, joined, newer = asyncio.run(scenario())
     assert all(set(r.versions) == {0} for r in first + joined)  # joined on version 0
     assert all(set(r.versions) == {1} for r in newer) and engine.version == 1
-    with pytest.raises(ValueError, match="needs version 0 but this engine hosts version 1"):
-        asyncio.run(_collect(engine, _versioned(1, 0)))
+    refused = asyncio.run(_collect(engine, _versioned(2, 0)))  # version 0's weights are gone
+    assert [r.finish_reason for r in refused] == ["refused"] * 2
+    assert all(not r.finished and r.token_ids == [] for r in refused)
     with pytest.raises(ValueError, match="needs version 2.*nothing staged"):
         asyncio.run(_collect(engine, _versioned(1, 2)))
     with pytest.raises(ValueError, match="mixes versions"):

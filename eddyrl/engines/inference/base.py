@@ -43,11 +43,13 @@ class GenerationResult:
     token_ids: list[int]
     logprobs: list[float]  # log p(token) under the sampling distribution (after temperature)
     versions: list[int]  # policy version that generated each token
-    finish_reason: str  # "stop" | "length" | "abort"
+    # "stop" | "length": done; "abort": stopped on request, partial output kept; "refused": never
+    # started because the version it needs is gone from this engine (output = what it came with)
+    finish_reason: str
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason != "abort"
+        return self.finish_reason in ("stop", "length")
 
 
 @dataclass(slots=True)
@@ -77,7 +79,8 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         """Yield one result per request, in completion order (aborted ones with
-        finish_reason "abort" and the tokens produced so far)."""
+        finish_reason "abort" and the tokens produced so far; ones whose `version` this engine
+        no longer hosts with "refused", so the caller can place them elsewhere)."""
 
     @abc.abstractmethod
     async def abort(self, request_ids: Iterable[str]) -> None:

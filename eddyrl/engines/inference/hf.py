@@ -113,7 +113,10 @@ class HFInferenceEngine(InferenceEngine):
     async def _decode(self, chunk: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         if self._sleeping:
             raise RuntimeError("generate called on a sleeping engine; call wake() first")
-        await self._switch_for(chunk)
+        if not await self._switch_for(chunk):
+            for request in chunk:  # its weights are gone: the caller places it elsewhere
+                yield _Row(request).result("refused")
+            return
         rows = [_Row(r) for r in chunk]
         self._running += len(rows)
         self._drained.clear()
@@ -130,16 +133,15 @@ class HFInferenceEngine(InferenceEngine):
             if self._running == 0:
                 self._drained.set()  # staged weights wait for a request that needs them
 
-    async def _switch_for(self, chunk: list[GenerationRequest]) -> None:
+    async def _switch_for(self, chunk: list[GenerationRequest]) -> bool:
         """Make the loaded weights fit the chunk's version: the one hosted now (join at once),
-        or newer (let running requests drain, then apply the staged weights)."""
+        or newer (let running requests drain, then apply the staged weights). False when the
+        version is older than the hosted one: those weights are gone (C1 forbids running the
+        requests on others)."""
         wanted = {r.version for r in chunk if r.version is not None}
         if len(wanted) > 1:
             raise ValueError(f"one generate call mixes versions {sorted(wanted)}; split it")
         need = None if self.partial_rollout or not wanted else wanted.pop()
-        if need is not None and need < self._version:
-            raise ValueError(f"request {chunk[0].request_id} needs version {need} but this "
-                             f"engine hosts version {self._version}: its weights are gone (C1)")
         # None (whatever is newest) waits for staged weights too, like a request for them.
         while (need is None and self._staged is not None) or \
                 (need is not None and self._version < need):
@@ -150,6 +152,7 @@ class HFInferenceEngine(InferenceEngine):
             await self._drained.wait()
             if self._running == 0:
                 self._apply_staged()
+        return need is None or need >= self._version
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
