@@ -57,10 +57,22 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
         seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
         elastic=config.elastic, adaptive=config.adaptive, trainer_ranks=config.train.num_workers,
+        plan_cost=_plan_cost(config, model_path),
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
                                 top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
     return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn))
+
+
+def _plan_cost(config: EddyConfig, model_path: str):
+    """The rollout devices' cost model for the adaptive scheduler's plans (None: not needed)."""
+    if not config.adaptive.enabled:
+        return None
+    from .scheduler.plan_predictor import rollout_cost_model
+
+    platform = get_platform(role_platform_name(config, "rollout"), require_available=False)
+    model_config = json.loads((Path(model_path) / "config.json").read_text())
+    return rollout_cost_model(config.adaptive.accelerator, platform.device_type, model_config)
 
 
 def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> dict[str, float]:

@@ -21,7 +21,9 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 from ..engines.config import RolloutConfig
 from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+from ..scheduler.cost_model import CostModel
 from ..scheduler.elastic import ElasticConfig
+from ..scheduler.plan_predictor import PlanPredictor
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..tasks.prompts import Prompt
 from .batch import TrainBatch
@@ -64,6 +66,7 @@ class LoopSettings:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
+    plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
 
 
 @dataclass
@@ -106,12 +109,14 @@ class Controller:
         workers = len(self.runtime.workers)
         plan = GenerationPlan(concurrency=self.settings.rollout.max_batch_size,
                               partial_rollout=self.settings.rollout.partial_rollout)
+        cost = self.settings.plan_cost
+        predictor = PlanPredictor(cost, plan) if adaptive.enabled and cost else None
         return ElasticDriver(
             self.runtime, self.rollout,
             build_pool(workers, self.settings.trainer_ranks, elastic),
-            AdaptiveScheduler(adaptive, plan) if adaptive.enabled else None,
+            AdaptiveScheduler(adaptive, plan, predictor) if adaptive.enabled else None,
             parse_schedule(list(elastic.schedule), workers),
-            rollout_group_size=self.settings.n_samples)
+            rollout_group_size=self.settings.n_samples, predictor=predictor)
 
     @property
     def version(self) -> int:
@@ -182,8 +187,9 @@ class Controller:
         if self.elastic is not None:
             t4 = self.runtime.now()
             elastic_metrics = await self.elastic.boundary(
-                self.version, self.version, {"train_s": t2 - t1,
-                                             "staleness_mean": sum(lags) / max(len(lags), 1)})
+                self.version, self.version,
+                {**rollout_metrics, "train_s": t2 - t1,
+                 "staleness_mean": sum(lags) / max(len(lags), 1)})
             elastic_metrics["elastic_s"] = self.runtime.now() - t4  # on the critical path
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
@@ -234,7 +240,7 @@ class Controller:
         size, n = self.fresh_per_step, self.settings.n_samples
         while size and self.window.capacity() >= size:
             self.rollout.dispatch(self._queue_groups(size), n, self.settings.sampling)
-        if not self.settings.rollout.fill_legacy or self.settings.rollout.partial_rollout:
+        if not self.settings.rollout.fill_legacy or self.rollout.partial_rollout:
             return
         for worker, version, free_slots in self.rollout.orchestrator.legacy_room():
             count = min(free_slots // n, self.window.capacity(version))
@@ -311,8 +317,10 @@ def _rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories] or [0.0]
     lengths = [t.num_tokens for t in trajectories] or [0]
+    prompts = [len(t.result.prompt_ids) for t in trajectories] or [0]
     return {"reward_mean": sum(rewards) / len(rewards),
             "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             "response_len_mean": sum(lengths) / len(lengths),
             "response_len_max": max(lengths), "gen_tokens": sum(lengths),
+            "prompt_len_mean": sum(prompts) / len(prompts),
             "groups_generated": len(groups), "reward_errors": reward_errors}

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..scheduler.adaptive import AdaptiveScheduler, Change
+from ..scheduler.adaptive import AdaptiveScheduler, Change, GenerationPlan
+from ..scheduler.plan_predictor import PlanPredictor, StepObservation
 from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
 from .rollout import StreamingRollout
 
@@ -58,6 +59,7 @@ class ElasticDriver:
     adaptive: AdaptiveScheduler | None = None
     schedule: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     rollout_group_size: int = 1  # requests per group (n_samples), for the pressure signal
+    predictor: PlanPredictor | None = None  # the adaptive scheduler's view of plans, if any
     _tasks: dict[int, tuple[asyncio.Task, int, str]] = field(default_factory=dict)
     _busy_before: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -114,6 +116,14 @@ class ElasticDriver:
                        (serving * orchestrator.slots_per_worker))
         self.adaptive.observe(step, rollout_s, metrics["train_s"], pressure,
                               float(metrics.get("staleness_mean", 0.0)))
+        if self.predictor is not None and metrics.get("response_len_max"):
+            mean_length = float(metrics["response_len_mean"])
+            self.predictor.observe(StepObservation(
+                requests_per_worker=metrics.get("groups_generated", 0) *
+                self.rollout_group_size / serving,
+                mean_length=mean_length, max_length=float(metrics["response_len_max"]),
+                mean_context=float(metrics.get("prompt_len_mean", 0.0)) + mean_length / 2,
+                rollout_s=rollout_s, train_s=metrics["train_s"]), self.adaptive.plan)
         decision = self.adaptive.decide(can_borrow=bool(self.pool.joinable()),
                                         can_return=bool(self.pool.leavable()))
         self.events.append({"step": step, "decision": decision.change.value,
@@ -126,6 +136,19 @@ class ElasticDriver:
         elif decision.change is Change.RETURN:
             await self._request("leave", self.pool.leavable()[0],
                                 f"adaptive: {decision.reason}")
+        elif decision.change is Change.SET_PLAN:
+            await self._apply_plan(decision.plan)
+
+    async def _apply_plan(self, plan: GenerationPlan) -> None:
+        """ReFlow's generation strategy on every rollout worker, timed: the measured cost is
+        what the adaptive scheduler weighs the next plan change against."""
+        started = self.runtime.now()
+        hosted = await self.runtime.configure_rollout(plan.concurrency, plan.partial_rollout)
+        self.rollout.partial_rollout = plan.partial_rollout
+        self.rollout.published(self.rollout.orchestrator.latest, hosted)
+        self.adaptive.record_reconfiguration_cost(self.runtime.now() - started)
+        self.events.append({"step": self.pool.step, "plan": {
+            "concurrency": plan.concurrency, "partial_rollout": plan.partial_rollout}})
 
     async def _rollout_busy_per_worker(self) -> float:
         """Seconds the serving rollout workers spent generating since the last boundary, per

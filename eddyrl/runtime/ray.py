@@ -142,6 +142,12 @@ class RayRuntime:
                                    for r, (t, part) in enumerate(zip(self.trainers, parts))])
         return _combine_rank_metrics(results)
 
+    async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
+        """A new generation plan on every rollout worker; returns the versions they host."""
+        return await self._all([(f"rollout worker {i}", "configure",
+                                 w.configure.remote(max_batch_size, partial_rollout))
+                                for i, w in enumerate(self.workers)])
+
     async def join_training(self, worker: int) -> None:
         await self._call(f"rollout worker {worker}", "join training",
                          self.workers[worker].join_training.remote())

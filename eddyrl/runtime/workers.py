@@ -139,6 +139,11 @@ class RolloutWorker:
     def stats(self):
         return self.engine.stats()
 
+    def configure(self, max_batch_size: int, partial_rollout: bool) -> int:
+        """The adaptive scheduler's generation plan; returns the version the engine hosts."""
+        self.engine.configure(max_batch_size=max_batch_size, partial_rollout=partial_rollout)
+        return self.engine.version
+
     async def sleep(self) -> None:
         await self.engine.sleep()
 

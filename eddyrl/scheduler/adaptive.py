@@ -50,6 +50,9 @@ class AdaptiveConfig:
     smoothing: str = "ema"  # "ema" (alpha = 2 / (window + 1)) or "median" of the last window
     window: int = 8  # steps of smoothing; also measurements needed after a change
     concurrency_choices: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    # The cost model's hardware for plan predictions: a table name (H100, 910B2, ...), or auto
+    # (measure this machine when rollout runs on the CPU; no plan predictions otherwise).
+    accelerator: str = "auto"
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.borrow_ratio", self.borrow_ratio, 1, lo_open=True)
@@ -65,6 +68,10 @@ class AdaptiveConfig:
             raise contradiction(f"{prefix}.concurrency_choices is empty: list at least one")
         for index, concurrency in enumerate(self.concurrency_choices):
             check_range(f"{prefix}.concurrency_choices[{index}]", concurrency, 1)
+        if self.accelerator != "auto":
+            from .hardware import lookup_accelerator
+
+            lookup_accelerator(self.accelerator)  # an unknown name is reported with the known
         if self.return_ratio >= self.borrow_ratio:
             raise contradiction(
                 f"{prefix}.return_ratio ({self.return_ratio}) >= {prefix}.borrow_ratio "

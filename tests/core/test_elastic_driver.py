@@ -136,3 +136,49 @@ def test_a_scheduled_leave_during_a_join_cancels_it_and_a_late_report_is_harmles
     # the join task never started (the worker left REQUESTED first); had it, its report would
     # carry an old generation and be ignored
     assert all(replicas == [] for _, _, replicas, _ in seen)
+
+
+class PlanRuntime(FakeRuntime):
+    def __init__(self):
+        super().__init__()
+        self.busy = 0.0
+        self.configured = []
+
+    def now(self):
+        return 0.0
+
+    async def worker_stats(self):
+        from eddyrl.engines.inference.base import EngineStats
+
+        self.busy += 1.0  # each worker busy 1 s per step
+        return [EngineStats(0, 0, 0, 0, self.busy) for _ in self.workers]
+
+    async def configure_rollout(self, max_batch_size, partial_rollout):
+        self.configured.append((max_batch_size, partial_rollout))
+        return [0, 0]
+
+
+def test_an_adaptive_plan_change_is_applied_to_every_worker_and_its_cost_recorded():
+    from eddyrl.scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+
+    runtime = PlanRuntime()
+    driver = _driver(runtime, [])
+    current = GenerationPlan(concurrency=64, partial_rollout=False)
+
+    def predict(plan):  # rollout-bound; partial rollout halves the rollout time
+        return (0.5 if plan.partial_rollout else 1.0), 0.4
+
+    config = AdaptiveConfig(enabled=True, window=2, cooldown_steps=3, concurrency_choices=[64],
+                            reconfiguration_cost_s=0.0)
+    driver.adaptive = AdaptiveScheduler(config, current, predict)
+    metrics = {"train_s": 1.0, "staleness_mean": 0.0}
+
+    async def run():
+        for step in range(1, 6):
+            await driver.boundary(step, step, metrics)
+
+    asyncio.run(run())
+    plans = [e["plan"] for e in driver.events if "plan" in e]
+    assert plans == [{"concurrency": 64, "partial_rollout": True}]  # once: then cooldown
+    assert runtime.configured == [(64, True)] and driver.rollout.partial_rollout is True
+    assert driver.adaptive.reconfiguration_cost_s == 0.0  # measured (this runtime's clock)

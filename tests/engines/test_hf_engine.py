@@ -194,3 +194,41 @@ def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny
         asyncio.run(_collect(engine, _versioned(1, 2)))
     with pytest.raises(ValueError, match="mixes versions"):
         asyncio.run(_collect(engine, _versioned(1, 1) + _versioned(1, 2)))
+
+
+def test_configure_changes_batch_size_and_partial_rollout_while_running(tiny_model_dir):
+    """The adaptive scheduler's plans: a smaller batch from the next chunk on; switching
+    partial rollout on applies weights that were waiting for running requests to drain."""
+    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3)
+
+    async def scenario():
+        task = asyncio.create_task(_collect(engine, _requests(2, max_new=80)))
+        while engine.stats().tokens_generated < 10:
+            await asyncio.sleep(0.001)
+        await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
+        assert engine.stats().staged_version == 1  # delayed: requests still running
+        engine.configure(partial_rollout=True, max_batch_size=2)
+        assert engine.version == 1 and engine.stats().staged_version is None
+        return await task
+
+    results = asyncio.run(scenario())
+    assert all(r.versions[0] == 0 and r.versions[-1] == 1 for r in results)  # per-token tags
+    assert engine.max_batch_size == 2
+    with pytest.raises(ValueError, match="max_batch_size = 0"):
+        engine.configure(max_batch_size=0)
+
+
+def test_a_chunk_whose_requests_were_all_aborted_before_starting_yields_their_aborts(engine):
+    """Migration can abort every request of a call still queued behind another batch."""
+    async def scenario():
+        running = asyncio.create_task(_collect(engine, _requests(1, max_new=60)))
+        await asyncio.sleep(0)
+        queued = [GenerationRequest(f"q{i}", [1, 2, 3], SamplingParams(max_new_tokens=5))
+                  for i in range(2)]
+        await engine.abort([r.request_id for r in queued])
+        aborted = await _collect(engine, queued)
+        return aborted, await running
+
+    aborted, running = asyncio.run(scenario())
+    assert [r.finish_reason for r in aborted] == ["abort", "abort"]
+    assert running[0].finished

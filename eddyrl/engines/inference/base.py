@@ -102,3 +102,10 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         ...
+
+    def configure(self, *, max_batch_size: int | None = None,
+                  partial_rollout: bool | None = None) -> None:
+        """Change the generation strategy while running (the adaptive scheduler's plans):
+        sequences decoded together, and whether new weights reach running trajectories."""
+        raise NotImplementedError(f"{type(self).__name__} cannot change its generation "
+                                  "strategy while running")

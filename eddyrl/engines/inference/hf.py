@@ -90,6 +90,8 @@ class HFInferenceEngine(InferenceEngine):
                     self._aborted.discard(request.request_id)  # aborted before it started
                     chunk.remove(request)
                     yield _Row(request).result("abort")
+                if not chunk:
+                    continue  # every request of it was aborted before it started
                 async for result in self._decode(chunk):
                     yield result
         finally:
@@ -283,6 +285,17 @@ class HFInferenceEngine(InferenceEngine):
         with self._lock:
             self.model.to(self.device)
             self._sleeping = False
+
+    def configure(self, *, max_batch_size: int | None = None,
+                  partial_rollout: bool | None = None) -> None:
+        if max_batch_size is not None:
+            if max_batch_size < 1:
+                raise ValueError(f"max_batch_size = {max_batch_size}: must be >= 1")
+            self.max_batch_size = max_batch_size  # from the next chunk a call starts
+        if partial_rollout is not None:
+            self.partial_rollout = partial_rollout
+            if partial_rollout and self._staged is not None:
+                self._apply_staged()  # partial rollout takes new weights at once
 
     def stats(self) -> EngineStats:
         return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
