@@ -140,7 +140,7 @@ class Controller:
             self._emit({"step": step, **metrics})
             if out_of_time:
                 break
-        await self._drain_pipeline()
+        await self.rollout.drain()  # groups still generating finish (collected, never trained)
         if self.elastic is not None:
             await self.elastic.drain()
         final = self.history[-1] if step else {"step": 0, **initial}
@@ -254,10 +254,6 @@ class Controller:
         for group, (epoch, prompt) in zip(groups, drawn):
             self.ledger.queue(group.group_id, prompt.index, epoch)
         return groups
-
-    async def _drain_pipeline(self) -> None:
-        """Groups still generating when training ends finish (collected, never trained)."""
-        await self.rollout.drain()
 
     async def collect_fresh(self) -> tuple[list[Group], dict[str, Any]]:
         """The next fresh batch the window hands out (C3 is checked for every group in it);

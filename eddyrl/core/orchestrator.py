@@ -184,8 +184,5 @@ class VersionOrchestrator:
                 room.append((worker, version, self.slots_per_worker - busy))
         return room
 
-    def hosts_of(self, version: int) -> list[int]:
-        return [w for w in range(self.num_workers) if self.hosted[w] == version]
-
     def _legacy_pending(self, worker: int) -> int:
         return sum(n for v, n in self.pending[worker].items() if v < self.latest)

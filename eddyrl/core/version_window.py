@@ -103,10 +103,6 @@ class VersionWindow:
         At most K + 1 consecutive versions (`advance` keeps it so)."""
         return set(self._running_per_version) | {self.version}
 
-    def running_per_version(self) -> dict[int, int]:
-        """Running groups per dispatch version."""
-        return dict(self._running_per_version)
-
     def retirable(self, version: int) -> bool:
         """Whether weights of `version` may be dropped from rollout: older than the current
         version and no running group generates with it."""

@@ -104,10 +104,9 @@ class RolloutWorker:
             raise RuntimeError("join_training on a worker with running requests; evacuate "
                                "them first")
         await self.engine.sleep()
-        temperature = self.config.rollout.temperature if self.config.rollout.temperature > 0 \
-            else 1.0
         self.replica = await asyncio.to_thread(
-            GradientReplica, self.model_path, self.platform, temperature=temperature,
+            GradientReplica, self.model_path, self.platform,
+            temperature=_sampling_temperature(self.config),
             micro_batch_size=self.config.train.micro_batch_size)
 
     def replica_version(self) -> int:
@@ -119,7 +118,8 @@ class RolloutWorker:
         assert self.replica is not None and self.replica.version >= 0, "not a ready replica"
         if self.config.algorithm.decoupled:
             batch.prox_logprobs = self.replica.logprobs(batch)  # one optimizer step: prox = now
-        return self.replica.gradients(batch, self._loss_fn(), total_tokens)
+        # The trainer ranks' loss (the config check keeps kl_coef = 0 with the elastic pool).
+        return self.replica.gradients(batch, _policy_loss(self.config), total_tokens)
 
     async def leave_training(self) -> int:
         """Back to rollout: wake the engine and load the replica's weights (the latest it
@@ -130,11 +130,6 @@ class RolloutWorker:
             state = {k: v.detach().clone() for k, v in replica.model.state_dict().items()}
             await self.engine.load_weights(replica.version, [state])
         return self.engine.version
-
-    def _loss_fn(self):
-        algo = self.config.algorithm
-        return make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high, kl_coef=0.0,
-                                tis_cap=algo.tis_cap, dual_clip=algo.dual_clip)
 
     def stats(self):
         return self.engine.stats()
@@ -161,7 +156,7 @@ class TrainerRank:
         self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
                                              require_available=False)
         train, algo = config.train, config.algorithm
-        temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
+        temperature = _sampling_temperature(config)
         engine_cls = load_engine_class("train", train.engine)
 
         def build(**optimizer):
@@ -173,9 +168,7 @@ class TrainerRank:
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
                             grad_clip=train.grad_clip)
-        self.loss_fn = make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                        kl_coef=algo.kl_coef, tis_cap=algo.tis_cap,
-                                        dual_clip=algo.dual_clip)
+        self.loss_fn = _policy_loss(config)
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
         self.reference = build() if algo.kl_coef > 0 else None
@@ -244,6 +237,17 @@ class TrainerRank:
 
     def version(self) -> int:
         return self.engine.version
+
+
+def _sampling_temperature(config: EddyConfig) -> float:
+    """The temperature the trainer divides logits by: the sampler's (greedy reports at 1)."""
+    return config.rollout.temperature if config.rollout.temperature > 0 else 1.0
+
+
+def _policy_loss(config: EddyConfig):
+    algo = config.algorithm
+    return make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
+                            kl_coef=algo.kl_coef, tis_cap=algo.tis_cap, dual_clip=algo.dual_clip)
 
 
 def _replica_gradients(refs: list, metrics: dict[str, float]):
