@@ -4,6 +4,7 @@ metrics, a checkpoint and a summary in the run directory."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import time
@@ -17,6 +18,9 @@ from .engines.inference.base import SamplingParams
 from .errors import ConfigError
 from .hal import get_platform
 from .runtime.placement import resolve_role_platforms, role_platform_name
+from .scheduler.adaptive import AdaptiveConfig
+from .scheduler.buckets import RoutingConfig
+from .scheduler.elastic import ElasticConfig
 from .tasks.prompts import PromptSet, load_splits
 
 
@@ -56,7 +60,8 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
         seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
-        elastic=config.elastic, adaptive=config.adaptive, trainer_ranks=config.train.num_workers,
+        elastic=config.elastic, adaptive=config.adaptive, routing=config.routing,
+        trainer_ranks=config.train.num_workers,
         plan_cost=_plan_cost(config, model_path),
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
@@ -83,6 +88,9 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> 
 
     model_path = ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
+    # One engine, no trainer: no pool to move workers in, no buckets to route between.
+    settings = dataclasses.replace(settings, elastic=ElasticConfig(), adaptive=AdaptiveConfig(),
+                                   routing=RoutingConfig(), plan_cost=None)
     platform = get_platform(role_platform_name(config, "rollout"))  # eval needs no trainer
     engine = load_engine_class("rollout", config.rollout.engine)(
         model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size)

@@ -90,21 +90,26 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path):
-    """configs/modes/multiversion.yaml (DORA, K = 3) on two Ray rollout workers: the pipeline
-    runs up to K versions ahead and never beyond, every group ends in a final or collected
-    state (none left generating or queued: C2), and no prompt is trained twice as fresh."""
+@pytest.mark.parametrize("mode_name", ["multiversion", "buckets"])
+def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
+    """configs/modes/multiversion.yaml (DORA, K = 3) on two Ray rollout workers, and
+    buckets.yaml (the same with Libra's bucket router over a short and a long worker): the
+    pipeline runs up to K versions ahead and never beyond, every group ends in a final or
+    collected state (none left generating or queued: C2), and no prompt is trained twice as
+    fresh."""
     from pathlib import Path
 
     from eddyrl.config import load_config
     from eddyrl.core.ledger import Ledger
     from eddyrl.launch import train
 
-    mode = Path(__file__).resolve().parents[1] / "configs" / "modes" / "multiversion.yaml"
+    mode = Path(__file__).resolve().parents[1] / "configs" / "modes" / f"{mode_name}.yaml"
     config = load_config(mode, overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
         "rollout.num_workers=2", "algorithm.dynamic_sampling=false", *SMALL,
-        "loop.steps=6", "loop.eval_every=0"])
+        "loop.steps=6", "loop.eval_every=0", "routing.min_observations=2",
+        "routing.rebuild_every=2", "routing.milestones=[4,8]",
+        "routing.buckets=[{name: short, max_tokens: 8}, {name: long, max_tokens: 24}]"])
     summary = json.loads(train(config).read_text())
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
     assert len(steps) == 6 and all(m["groups_kept"] == 4 for m in steps)
@@ -114,6 +119,14 @@ def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path):
     ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
     counts = ledger.fresh_train_counts_by_prompt(0)
     assert sum(counts.values()) == 6 * 4 and set(counts.values()) <= {0, 1}
+    if mode_name == "buckets":  # routed by prediction; the moves depend on the lengths drawn
+        routing = summary["routing"]
+        assert routing["policy"] == "bucket"
+        # the engines' milestone reports reached the router through Ray, and it predicted
+        assert routing["predictions"]["prompt"] + routing["predictions"]["global"] > 0
+        # moves happen when a prediction says "long" (lengths are sampled); those made during
+        # steps are counted per step, the rest while draining
+        assert routing["moves"] >= sum(m["routed_requests"] for m in steps)
 
 
 def test_train_refuses_a_run_dir_that_holds_a_run(tmp_path):

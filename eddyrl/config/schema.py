@@ -11,6 +11,7 @@ from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
 from ..scheduler.adaptive import AdaptiveConfig
+from ..scheduler.buckets import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
 from ..validation import check_range, contradiction
@@ -31,6 +32,7 @@ class EddyConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     def validate(self, prefix: str = "") -> None:
         check_platform_name("platform", self.platform)
@@ -46,6 +48,25 @@ class EddyConfig:
                 f"batch of loop.batch_prompts = {self.loop.batch_prompts}; every step needs "
                 "fresh data (max_fraction < 1)")
         self._check_elastic()
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        routing = self.routing
+        if routing.policy == "off":
+            return
+        workers = sum(spec.workers for spec in routing.buckets)
+        if workers != self.rollout.num_workers:
+            raise contradiction(
+                f"routing.buckets give {workers} worker(s) "
+                f"({', '.join(f'{b.name}: {b.workers}' for b in routing.buckets)}) but "
+                f"rollout.num_workers = {self.rollout.num_workers}; every rollout worker "
+                "belongs to exactly one bucket")
+        sized = [b.name for b in routing.buckets if b.max_batch_size is not None]
+        if sized and self.adaptive.enabled:
+            raise contradiction(
+                f"routing.buckets {sized} set their own max_batch_size while adaptive.enabled "
+                "= True: the adaptive scheduler's plans set one concurrency for every worker. "
+                "Drop the per-bucket max_batch_size or switch adaptive off")
 
     def _check_elastic(self) -> None:
         from ..core.elastic_driver import parse_schedule

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 from ..engines.config import RolloutConfig
 from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+from ..scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
 from ..scheduler.cost_model import CostModel
 from ..scheduler.elastic import ElasticConfig
 from ..scheduler.plan_predictor import PlanPredictor
@@ -65,6 +66,7 @@ class LoopSettings:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
 
@@ -96,9 +98,16 @@ class Controller:
             self.runtime, self.window,
             VersionOrchestrator(len(self.runtime.workers), rollout.max_batch_size),
             self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
-            migrate=rollout.migrate)
+            migrate=rollout.migrate, router=self._router())
         self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
         self.elastic = self._elastic_driver()
+
+    def _router(self) -> BucketRouter | None:
+        """Libra's bucket router (or one of its baselines), when routing is on."""
+        routing = self.settings.routing
+        if routing.policy == "off":
+            return None
+        return BucketRouter(routing, bucket_instances(routing))
 
     def _elastic_driver(self) -> ElasticDriver | None:
         """Libra's elastic pool, when on: rollout workers lent to training as gradient
@@ -152,7 +161,13 @@ class Controller:
                 "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
                 "reward_errors": self.reward.errors,
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
+                **({"routing": self._routing_report()} if self.rollout.router else {}),
                 **({"elastic": self.elastic.report()} if self.elastic else {})}
+
+    def _routing_report(self) -> dict[str, Any]:
+        stats = self.rollout.router.stats()
+        return {"policy": self.settings.routing.policy, "moves": stats.moves,
+                "blocked_moves": stats.blocked, "predictions": stats.predictions}
 
     async def step(self) -> dict[str, Any]:
         """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
@@ -163,6 +178,7 @@ class Controller:
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
         moved_before, restarted_before = self.rollout.migrated, self.rollout.restarted
+        routed_before = self.rollout.routed
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
@@ -202,6 +218,7 @@ class Controller:
                 "replay_fraction": len(replayed) / max(len(groups), 1),
                 "migrated_requests": self.rollout.migrated - moved_before,
                 "restarted_requests": self.rollout.restarted - restarted_before,
+                "routed_requests": self.rollout.routed - routed_before,
                 "inflight_groups": self.window.running,
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
                 # tokens of this step's batch over the step's wall time: with rollout running

@@ -151,25 +151,46 @@ class VersionOrchestrator:
 
     def moved(self, source: int, target: int, version: int, count: int = 1) -> None:
         """`count` requests of `version` left `source` (aborted) and now run on `target`."""
-        if self.hosted[target] != version:
+        if not self.can_run_now(target, version):
             raise ValueError(f"cannot move version {version} requests to worker {target}: it "
                              f"hosts version {self.hosted[target]} (C1)")
         self.finished(source, version, count)
-        self.pending[target][version] += count
+        self.dispatched(target, version, count)
         self.migrations += count
+
+    def adopt_latest(self) -> None:
+        """Partial rollout: running requests continue on the newest weights, so all pending
+        work counts as the latest version's."""
+        for pending in self.pending:
+            total = sum(pending.values())
+            pending.clear()
+            if total:
+                pending[self.latest] = total
+
+    def can_run_now(self, worker: int, version: int) -> bool:
+        """Whether a request of `version` sent to `worker` now starts without waiting for a
+        legacy tail: the worker hosts that version, or it is the latest one and the worker has
+        no older request left (it switches as the request arrives)."""
+        return self.available[worker] and (
+            self.hosted[worker] == version
+            or (version == self.latest and not self._legacy_pending(worker)))
+
+    def eligible(self, version: int) -> list[int]:
+        """Workers a request of `version` may be sent to, soonest first: those that can run it
+        now; for the latest version, if none can, every available worker (it waits there
+        for the legacy tail to drain, then the worker switches)."""
+        now = [w for w in range(self.num_workers) if self.can_run_now(w, version)]
+        if now or version != self.latest:
+            if not now:
+                raise ValueError(f"no worker hosts version {version} (hosted: {self.hosted})")
+            return now
+        return [w for w in range(self.num_workers) if self.available[w]]
 
     def pick(self, version: int) -> int:
         """The worker for the next request of `version`: least loaded among those that can run
         it soonest (for the latest version: hosts of it before workers still draining)."""
-        if version == self.latest:
-            candidates = [w for w in range(self.num_workers) if self.available[w]]
-            return min(candidates, key=lambda w: (self._legacy_pending(w),
-                                                  sum(self.pending[w].values()), w))
-        hosts = [w for w in range(self.num_workers)
-                 if self.hosted[w] == version and self.available[w]]
-        if not hosts:
-            raise ValueError(f"no worker hosts version {version} (hosted: {self.hosted})")
-        return min(hosts, key=lambda w: (sum(self.pending[w].values()), w))
+        return min(self.eligible(version), key=lambda w: (self._legacy_pending(w),
+                                                          sum(self.pending[w].values()), w))
 
     def legacy_room(self) -> list[tuple[int, int, int]]:
         """(worker, version, free request slots) for workers that host a legacy version, have

@@ -5,8 +5,12 @@ allows. Time-agnostic like the controller: it awaits only the runtime.
 Who decides what:
 - the version window: how many groups may be in flight, at which version, and which collected
   groups form the next batch (staleness <= K);
-- the orchestrator: which worker runs a group (one version per worker at a time) and which
-  running requests migrate so that a legacy version's tail holds as few workers as possible;
+- the orchestrator: which workers may run a request (one version per worker at a time) and
+  which running requests migrate so that a legacy version's tail holds as few workers as
+  possible; without a router it also picks the worker, one per group;
+- the bucket router (Libra, optional): which of those workers runs each request, and, as the
+  engine reports length milestones, when a request moves to a worker of a bucket sized for
+  what it has left (abort, resume on the target: the same migration path as DORA's);
 - the experience store: the rows of every in-flight group; the response and reward columns are
   written by separate producers (the generation stream, the scorer) and a group is collected
   when both are complete for all of its rows;
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..scheduler.buckets import BucketRouter
 from .ledger import Ledger
 from .orchestrator import VersionOrchestrator
 from .rewarding import SafeReward
@@ -55,11 +60,13 @@ class StreamingRollout:
     decode: Callable[[list[int]], str]
     partial_rollout: bool = False
     migrate: bool = True
+    router: BucketRouter | None = None
     store: ExperienceStore = field(default_factory=ExperienceStore)
     _requests: dict[str, _Request] = field(default_factory=dict)
     _rows: dict[str, list[int]] = field(default_factory=dict)  # group -> its store rows
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _resume: dict[int, list[GenerationRequest]] = field(default_factory=dict)
+    _abort: dict[int, list[str]] = field(default_factory=dict)  # router moves, per source
     _flush_scheduled: bool = False
     _failure: BaseException | None = None
     _progress: asyncio.Event | None = None
@@ -67,6 +74,7 @@ class StreamingRollout:
     _expected: dict[str, int] = field(default_factory=dict)  # generate_now group -> responses
     migrated: int = 0  # requests moved between workers, in all
     restarted: int = 0  # trajectories regenerated because their version's weights were gone
+    routed: int = 0  # of `migrated`: moved by the bucket router to another bucket
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -107,22 +115,47 @@ class StreamingRollout:
 
     def _assign(self, group: Group, n: int, sampling: SamplingParams, track: bool,
                 worker: int | None, per_worker: dict[int, list[GenerationRequest]]) -> int:
+        """Place the group's `n` requests (on `worker` if given) and queue them per worker;
+        returns the first one's worker. Without a router the whole group goes to the
+        orchestrator's pick; with one, each request to the router's choice among the workers
+        the orchestrator allows."""
         version = group.dispatch_version
-        target = self.orchestrator.pick(version) if worker is None else worker
-        self.orchestrator.dispatched(target, version, n)
+        first = None
         for sample in range(n):
             request_id = f"{group.group_id}-{sample}"
+            if self.router is not None:
+                allowed = [worker] if worker is not None else self.orchestrator.eligible(version)
+                target = self.router.start(request_id, group.prompt, allowed).instance
+            elif first is None:
+                target = self.orchestrator.pick(version) if worker is None else worker
+            first = target if first is None else first
+            self.orchestrator.dispatched(target, version)
             self._requests[request_id] = _Request(group, sample, sampling, target, version,
                                                   track)
-            per_worker.setdefault(target, []).append(GenerationRequest(
-                request_id, group.prompt_ids, sampling, version=version))
-        return target
+            per_worker.setdefault(target, []).append(self._request(
+                request_id, group.prompt_ids, sampling, version))
+        return first
+
+    def _request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                 version: int, partial: GenerationResult | None = None) -> GenerationRequest:
+        report_at = tuple(self.router.config.milestones) \
+            if self.router is not None and self.router.config.policy == "bucket" else ()
+        if partial is None:
+            return GenerationRequest(request_id, prompt_ids, sampling, version=version,
+                                     report_at=report_at)
+        return GenerationRequest(request_id, prompt_ids, sampling, resume_ids=partial.token_ids,
+                                 resume_logprobs=partial.logprobs,
+                                 resume_versions=partial.versions, version=version,
+                                 report_at=report_at)
 
     def _launch_all(self, per_worker: dict[int, list[GenerationRequest]]) -> None:
         for worker, requests in per_worker.items():
-            task = asyncio.ensure_future(self._stream(worker, requests))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._track(self._stream(worker, requests))
+
+    def _track(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- results -------------------------------------------------------------------------------
 
@@ -131,14 +164,20 @@ class StreamingRollout:
             async for result in self.runtime.generate(worker, requests):
                 self._on_result(worker, result)
         except BaseException as exc:  # surfaced to whoever waits next
-            if self._failure is None:
-                self._failure = exc
-            self._wake()
-            if not isinstance(exc, Exception):
-                raise
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._wake()
+        if not isinstance(exc, Exception):
+            raise exc
 
     def _on_result(self, worker: int, result: GenerationResult) -> None:
         request = self._requests[result.request_id]
+        if not result.final:
+            self._route(result.request_id, request, result)
+            return
         if result.finish_reason == "refused":
             self._restart(request, result.request_id)
             return
@@ -154,6 +193,11 @@ class StreamingRollout:
                                "without a migration asking for it")
         self.orchestrator.finished(request.worker, request.version)
         del self._requests[result.request_id]
+        if self.router is not None:  # learn from complete training samples only
+            if request.track:
+                self.router.finish(result.request_id, len(result.token_ids))
+            else:
+                self.router.cancel(result.request_id)
         group = request.group
         reward, error = self.reward(self.decode(result.token_ids), group.answer)
         if not request.track:
@@ -203,8 +247,10 @@ class StreamingRollout:
         applies the newest staged weights); their group keeps its dispatch version for the
         window, which only makes the staleness bound more conservative."""
         self.orchestrator.published(version, hosted)
+        if self.partial_rollout:  # running requests go on with the new weights
+            self.orchestrator.adopt_latest()
         for request in self._requests.values():
-            if hosted[request.worker] < request.version < version:
+            if self.partial_rollout or hosted[request.worker] < request.version < version:
                 request.version = version
 
     async def rebalance(self, new_requests: int) -> int:
@@ -226,6 +272,8 @@ class StreamingRollout:
             self.orchestrator.moved(move.source, move.target, move.version, len(ids))
             for rid in ids:
                 self._requests[rid].moving_to = move.target
+                if self.router is not None:
+                    self.router.relocate(rid, move.target)
             moving += len(ids)
             await self.runtime.abort(move.source, ids)
         return moving
@@ -256,27 +304,67 @@ class StreamingRollout:
         dispatch version in the window, which only makes the staleness bound conservative."""
         self.orchestrator.finished(request.worker, request.version)
         request.version = self.orchestrator.latest
-        request.worker = self.orchestrator.pick(request.version)
+        if self.router is not None:  # from scratch: a new path, from the smallest bucket
+            self.router.cancel(request_id)
+            request.worker = self.router.start(request_id, request.group.prompt,
+                                               self.orchestrator.eligible(request.version)
+                                               ).instance
+        else:
+            request.worker = self.orchestrator.pick(request.version)
         self.orchestrator.dispatched(request.worker, request.version)
         self.restarted += 1
-        self._launch_all({request.worker: [GenerationRequest(
-            request_id, request.group.prompt_ids, request.sampling, version=request.version)]})
+        self._launch_all({request.worker: [self._request(
+            request_id, request.group.prompt_ids, request.sampling, request.version)]})
+
+    def _route(self, request_id: str, request: _Request, progress: GenerationResult) -> None:
+        """A length milestone: ask the router whether the request belongs in another bucket
+        now, and move it there (abort, resume on the target) if so. The target must be able
+        to run the request's version at once (C1)."""
+        if self.router is None or request.moving_to is not None:
+            return  # already on its way somewhere
+        if self.partial_rollout:
+            allowed = [w for w in range(self.orchestrator.num_workers)
+                       if self.orchestrator.available[w]]
+        else:
+            allowed = [w for w in range(self.orchestrator.num_workers)
+                       if self.orchestrator.can_run_now(w, request.version)]
+        if not allowed:
+            return
+        move = self.router.on_progress(request_id, len(progress.token_ids), allowed)
+        if move is None:
+            return
+        self.orchestrator.moved(move.source.instance, move.target.instance, request.version)
+        request.moving_to = move.target.instance
+        self.routed += 1
+        self._abort.setdefault(move.source.instance, []).append(request_id)
+        self._schedule_flush()
 
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
         self.migrated += 1
-        self._resume.setdefault(request.worker, []).append(GenerationRequest(
-            partial.request_id, partial.prompt_ids, request.sampling,
-            resume_ids=partial.token_ids, resume_logprobs=partial.logprobs,
-            resume_versions=partial.versions, version=request.version))
-        if not self._flush_scheduled:
-            # Aborted rows of one decode step arrive together: resume them as one call.
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_resumes)
+        self._resume.setdefault(request.worker, []).append(self._request(
+            partial.request_id, partial.prompt_ids, request.sampling, request.version, partial))
+        self._schedule_flush()
 
-    def _flush_resumes(self) -> None:
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            # Results of one decode step arrive together: abort and resume them as one call
+            # per worker.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
         self._flush_scheduled = False
         resume, self._resume = self._resume, {}
+        aborts, self._abort = self._abort, {}
         self._launch_all(resume)
+        for worker, ids in aborts.items():
+            self._track(self._abort_on(worker, ids))
+
+    async def _abort_on(self, worker: int, request_ids: list[str]) -> None:
+        try:
+            await self.runtime.abort(worker, request_ids)
+        except BaseException as exc:  # surfaced to whoever waits next
+            self._fail(exc)
 
     # -- waiting -------------------------------------------------------------------------------
 

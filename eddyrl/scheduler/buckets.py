@@ -19,6 +19,11 @@ instance with the fewest connections is chosen. A move either re-prefills the pr
 target ("recompute") or moves the KV cache ("carry_kv", only between engines that both support
 it), whichever the injected cost functions say is cheaper; `cost_model.py` plugs in there.
 
+In a run, the version orchestrator says which workers may take a request now (C1: a worker
+hosting its version, or free to switch to it; not one lent to training): every placement and
+move is made among those (`allowed`), and a move whose target bucket has none is not made.
+Moves made by others (DORA's consolidation, a restart) are reported with `relocate`.
+
 The baselines are settings of the same router, and never move a request:
 - round_robin: cycles over all instances, buckets ignored;
 - least_load: the instance with the fewest connections overall;
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from ..errors import ConfigError
 from ..validation import check_choice, check_range, contradiction
@@ -43,16 +48,18 @@ from .prefix_tree import (Milestone, NodeStats, Prediction, PrefixTrees, State, 
 
 __all__ = ["BucketRouter", "BucketSpec", "Milestone", "Move", "NodeStats", "Placement",
            "Prediction", "PrefixTrees", "RoutingConfig", "RoutingError", "RoutingStats",
-           "ToolState", "milestone_state", "p90"]
+           "ToolState", "bucket_instances", "bucket_of_worker", "milestone_state", "p90"]
 
-POLICIES = ("bucket", "round_robin", "least_load", "fifo")
+POLICIES = ("off", "bucket", "round_robin", "least_load", "fifo")  # off: no router in a run
 
 
 @dataclass(frozen=True, slots=True)
 class BucketSpec:
     name: str
     max_tokens: int  # largest total output a request in this bucket is expected to need
-    parallelism: int = 1  # tensor-parallel degree of each instance; informational here
+    parallelism: int = 1  # tensor-parallel degree of each instance (the cost model's TP)
+    workers: int = 1  # rollout workers (instances) in this bucket, in config order
+    max_batch_size: int | None = None  # sequences each decodes together (None: rollout's)
 
 
 def _default_buckets() -> list[BucketSpec]:
@@ -62,7 +69,9 @@ def _default_buckets() -> list[BucketSpec]:
 
 @dataclass(kw_only=True, slots=True)
 class RoutingConfig:
-    policy: str = "bucket"  # or a baseline: round_robin, least_load, fifo
+    # off: the version orchestrator alone places requests (least loaded); bucket: Libra;
+    # round_robin, least_load, fifo: baselines of the same router, for comparison
+    policy: str = "off"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising
     window: int = 200  # observations each tree node keeps
     rebuild_every: int = 100  # finished requests between refreshes of the node statistics
@@ -87,6 +96,9 @@ class RoutingConfig:
                 raise ConfigError(f"config key '{prefix}.buckets[{i}].name' is empty")
             check_range(f"{prefix}.buckets[{i}].max_tokens", spec.max_tokens, 1)
             check_range(f"{prefix}.buckets[{i}].parallelism", spec.parallelism, 1)
+            check_range(f"{prefix}.buckets[{i}].workers", spec.workers, 1)
+            if spec.max_batch_size is not None:
+                check_range(f"{prefix}.buckets[{i}].max_batch_size", spec.max_batch_size, 1)
         names = [spec.name for spec in self.buckets]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
@@ -101,6 +113,20 @@ class RoutingConfig:
         if len(self.payload_bytes) != 2:
             raise ConfigError(f"config key '{prefix}.payload_bytes' = {self.payload_bytes} needs "
                               f"exactly 2 thresholds: where medium and large payloads start")
+
+
+def bucket_instances(config: RoutingConfig) -> dict[str, list[int]]:
+    """Worker ids per bucket: the buckets take consecutive workers in config order."""
+    offsets = itertools.accumulate([spec.workers for spec in config.buckets], initial=0)
+    return {spec.name: list(range(start, start + spec.workers))
+            for spec, start in zip(config.buckets, offsets)}
+
+
+def bucket_of_worker(config: RoutingConfig, worker: int) -> BucketSpec:
+    for spec, ids in zip(config.buckets, bucket_instances(config).values()):
+        if worker in ids:
+            return spec
+    raise ValueError(f"worker {worker} is in no bucket of {bucket_instances(config)}")
 
 
 def _check_rising(key: str, values: list[int]) -> None:
@@ -139,6 +165,7 @@ class RoutingStats:
     moves: int
     carry_kv_moves: int  # moves that carried the KV cache; the rest recomputed
     predictions: dict[str, int]  # bucket-policy routing decisions by source: prompt/global/none
+    blocked: int = 0  # moves predicted but not made: no allowed instance in the target bucket
 
 
 @dataclass(slots=True)
@@ -162,6 +189,8 @@ class BucketRouter:
         only if both ends are in `carry_kv_instances` and both cost functions are given and
         say it is cheaper; otherwise it recomputes."""
         config.validate("routing")
+        if config.policy == "off":
+            raise ConfigError("routing.policy = 'off' means no router; build none")
         self.config = config
         self.trees = PrefixTrees(config.window, config.rebuild_every, config.min_observations)
         self.specs = {spec.name: spec for spec in config.buckets}
@@ -174,39 +203,57 @@ class BucketRouter:
         self.carry_kv_seconds = carry_kv_seconds
         self.carry_kv_instances = frozenset(carry_kv_instances)
         self._requests: dict[str, _Request] = {}
-        self._moves = self._carry_kv_moves = 0
+        self._moves = self._carry_kv_moves = self._blocked = 0
         self._predictions = {"prompt": 0, "global": 0, "none": 0}
 
     # -- protocol --------------------------------------------------------------------------------
 
-    def start(self, request_id: str, prompt_id: str) -> Placement:
-        """Place a new request."""
+    def start(self, request_id: str, prompt_id: str,
+              allowed: Collection[int] | None = None) -> Placement:
+        """Place a new request on one of the `allowed` instances (None: any)."""
         if request_id in self._requests:
             raise RoutingError(f"request {request_id!r} is already started")
+        candidates = self._candidates(allowed)
         policy = self.config.policy
         if policy == "round_robin":
-            instance = next(self._round_robin)
+            instance = next(i for i in self._round_robin if i in candidates)
         elif policy == "least_load":
-            instance = min(self._connections, key=self._connections.__getitem__)
-        else:  # bucket, fifo: the smallest bucket
-            instance = self._least_connected(self.config.buckets[0].name)
+            instance = min((i for i in self._bucket_of if i in candidates),
+                           key=self._connections.__getitem__)
+        else:  # bucket, fifo: the smallest bucket with an allowed instance
+            bucket = next(spec.name for spec in self.config.buckets
+                          if any(i in candidates for i in self.instances[spec.name]))
+            instance = self._least_connected(bucket, candidates)
         placement = Placement(self._bucket_of[instance], instance)
         self._connections[instance] += 1
         self._requests[request_id] = _Request(prompt_id, placement)
         return placement
 
-    def on_state(self, request_id: str, state: State, tokens_so_far: int) -> Move | None:
+    def relocate(self, request_id: str, instance: int) -> None:
+        """Someone else moved the request to `instance` (a version consolidation, a restart):
+        keep the connection counts and its bucket true. Its path and statistics stay."""
+        request = self._request(request_id)
+        if instance not in self._bucket_of:
+            raise RoutingError(f"request {request_id!r}: instance {instance} is in no bucket")
+        self._connections[request.placement.instance] -= 1
+        self._connections[instance] += 1
+        request.placement = Placement(self._bucket_of[instance], instance)
+
+    def on_state(self, request_id: str, state: State, tokens_so_far: int,
+                 allowed: Collection[int] | None = None) -> Move | None:
         """A tool returned (or a milestone passed) after `tokens_so_far` output tokens: record
-        the state and return the move to make, if any (the caller must then carry it out)."""
+        the state and return the move to make, if any, to one of the `allowed` instances (the
+        caller must then carry it out)."""
         request = self._request(request_id)
         if request.tokens_at_state and tokens_so_far < request.tokens_at_state[-1]:
             raise RoutingError(f"request {request_id!r}: tokens_so_far = {tokens_so_far} is "
                                f"below the {request.tokens_at_state[-1]} reported before")
         request.path.append(state)
         request.tokens_at_state.append(tokens_so_far)
-        return self._route(request_id, request, tokens_so_far)
+        return self._route(request_id, request, tokens_so_far, allowed)
 
-    def on_progress(self, request_id: str, generated_tokens: int) -> Move | None:
+    def on_progress(self, request_id: str, generated_tokens: int,
+                    allowed: Collection[int] | None = None) -> Move | None:
         """Single-turn generation: enter every milestone `generated_tokens` has passed since the
         last call (each at its own token count, so paths stay comparable however often the
         caller reports), then route once."""
@@ -218,7 +265,7 @@ class BucketRouter:
         for index in range(entered, reached.index + 1):
             request.path.append(Milestone(index))
             request.tokens_at_state.append(self.config.milestones[index])
-        return self._route(request_id, request, generated_tokens)
+        return self._route(request_id, request, generated_tokens, allowed)
 
     def finish(self, request_id: str, total_tokens: int) -> None:
         """The request ended after `total_tokens` output tokens: free its connection and learn
@@ -249,7 +296,7 @@ class BucketRouter:
         per_bucket = {name: sum(self._connections[i] for i in ids)
                       for name, ids in self.instances.items()}
         return RoutingStats(per_bucket, self._moves, self._carry_kv_moves,
-                            dict(self._predictions))
+                            dict(self._predictions), self._blocked)
 
     def bucket_for(self, total_tokens: float) -> str:
         """The smallest bucket whose max_tokens fits `total_tokens`; the largest if none does."""
@@ -260,7 +307,8 @@ class BucketRouter:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _route(self, request_id: str, request: _Request, tokens_so_far: int) -> Move | None:
+    def _route(self, request_id: str, request: _Request, tokens_so_far: int,
+               allowed: Collection[int] | None) -> Move | None:
         if self.config.policy != "bucket":
             return None  # baselines never move a request
         prediction = self.trees.predict(request.prompt_id, request.path)
@@ -272,7 +320,11 @@ class BucketRouter:
         source = request.placement
         if by_mean != by_p90 or by_mean == source.bucket:
             return None
-        target = Placement(by_mean, self._least_connected(by_mean))
+        candidates = self._candidates(allowed)
+        if not any(i in candidates for i in self.instances[by_mean]):
+            self._blocked += 1  # e.g. its version is hosted by no instance of that bucket
+            return None
+        target = Placement(by_mean, self._least_connected(by_mean, candidates))
         how = self._how_to_move(tokens_so_far, source, target)
         self._connections[source.instance] -= 1
         self._connections[target.instance] += 1
@@ -290,8 +342,18 @@ class BucketRouter:
         carry = self.carry_kv_seconds(tokens, src, dst)
         return "carry_kv" if carry < self.recompute_seconds(tokens, src, dst) else "recompute"
 
-    def _least_connected(self, bucket: str) -> int:
-        return min(self.instances[bucket], key=self._connections.__getitem__)
+    def _least_connected(self, bucket: str, candidates: Collection[int]) -> int:
+        return min((i for i in self.instances[bucket] if i in candidates),
+                   key=self._connections.__getitem__)
+
+    def _candidates(self, allowed: Collection[int] | None) -> Collection[int]:
+        if allowed is None:
+            return self._connections
+        unknown = sorted(set(allowed) - self._connections.keys())
+        if unknown or not allowed:
+            raise RoutingError(f"allowed instances {sorted(allowed)} must be a non-empty "
+                               f"subset of {sorted(self._connections)}")
+        return allowed
 
     def _request(self, request_id: str) -> _Request:
         try:

@@ -212,15 +212,19 @@ class MigrationCountingRuntime(SyncingRuntime):
         await super().abort(worker, request_ids)
 
 
-@pytest.mark.parametrize("fill_legacy", [False, True])
+@pytest.mark.parametrize("fill_legacy,routing", [(False, "off"), (True, "off"),
+                                                  (True, "bucket")])
 def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tiny_model_dir,
-                                                                        fill_legacy):
+                                                                        fill_legacy, routing):
     """DORA on two real engines: K = 3, long and uneven generations, so legacy-version
     requests outlive train steps; the orchestrator migrates them (abort, resume on a worker
-    hosting the same version) and may fill legacy slots. Every trained trajectory still has one
-    version (C1, resumed ones included), every group is whole (C2), no lag exceeds K (C3), and
-    the ledger shows each prompt trained once as fresh."""
+    hosting the same version) and may fill legacy slots; with Libra's bucket router on, the
+    workers are a short and a long bucket and requests also move between them at length
+    milestones. Every trained trajectory still has one version (C1, resumed ones included),
+    every group is whole (C2), no lag exceeds K (C3), and the ledger shows each prompt trained
+    once as fresh."""
     from eddyrl.engines.config import RolloutConfig
+    from eddyrl.scheduler.buckets import BucketSpec, RoutingConfig
 
     tokenizer, prompts, _ = setup
     engines = [HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=s) for s in (0, 1)]
@@ -230,11 +234,14 @@ def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tin
         algorithm=AlgorithmConfig(max_staleness=3, dynamic_sampling=False),
         sampling=SamplingParams(max_new_tokens=48),  # no stop token: lengths vary by prompt
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id,
-        rollout=RolloutConfig(max_batch_size=64, migrate=True, fill_legacy=fill_legacy))
+        rollout=RolloutConfig(max_batch_size=64, migrate=True, fill_legacy=fill_legacy),
+        routing=RoutingConfig(policy=routing, milestones=[8, 16, 32], min_observations=2,
+                              rebuild_every=2, buckets=[BucketSpec("short", 24),
+                                                        BucketSpec("long", 48)]))
     controller = Controller(runtime, settings, prompts, prompts,
                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                             reward=SafeReward(_alternating()))
-    asyncio.run(controller.run())
+    summary = asyncio.run(controller.run())
     lags = []
     for step, batch in enumerate(runtime.batches):
         assert len(batch) == 2 * 3  # C2
@@ -252,6 +259,17 @@ def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tin
         controller.rollout.migrated
     check = controller.ledger.check_exactly_once(range(12), epoch=0)
     assert check.ok, check
+    if routing == "bucket":
+        # Every request passes the 8-token milestone; once a few have finished, the router
+        # predicts (48 tokens: the long bucket) and moves a request there, unless the long
+        # worker hosts another version at that moment (C1 first: the move is blocked and
+        # asked again at the next milestone). Which of the two happens depends on timing.
+        stats = controller.rollout.router.stats()
+        assert stats.predictions["prompt"] + stats.predictions["global"] > 0
+        assert stats.moves + stats.blocked > 0
+        assert summary["routing"]["moves"] == stats.moves == controller.rollout.routed
+        assert sum(m["routed_requests"] for m in controller.history[1:]) <= stats.moves
+        assert stats.connections == {"short": 0, "long": 0}
 
 
 def test_k0_equals_a_hand_written_synchronous_grpo_loop(setup, tiny_model_dir):

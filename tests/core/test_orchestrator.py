@@ -161,3 +161,40 @@ def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
     orch.set_available(2, False)
     with pytest.raises(ValueError, match="last rollout worker"):
         orch.set_available(1, False)
+
+
+def test_can_run_now_and_eligible_follow_c1_and_the_pool():
+    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch.dispatched(0, 0, 2)  # worker 0 busy with version 0
+    orch.published(1, [0, 1, 1])
+    assert [orch.can_run_now(w, 0) for w in range(3)] == [True, False, False]
+    assert [orch.can_run_now(w, 1) for w in range(3)] == [False, True, True]
+    assert orch.eligible(1) == [1, 2]
+    orch.set_available(2, False)  # lent to training
+    assert orch.eligible(1) == [1]
+    orch.dispatched(1, 1, 1)
+    orch.published(2, [0, 1, 2])  # worker 1 keeps version 1 for its running request
+    # nobody can start version 2 at once except... worker 2 is lent, 0 and 1 have legacy work:
+    # the latest version waits on every available worker
+    assert orch.eligible(2) == [0, 1]
+    with pytest.raises(ValueError, match="no worker hosts version 5"):
+        orch.eligible(5)
+
+
+def test_a_move_to_an_idle_worker_switches_it_to_the_latest_version():
+    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch.published(1, [1, 0])  # worker 1 idle with old weights staged-over: switches on use
+    orch.dispatched(0, 1, 1)
+    orch.moved(0, 1, 1)
+    assert orch.hosted == [1, 1] and orch.pending[1][1] == 1 and orch.migrations == 1
+
+
+def test_partial_rollout_counts_running_work_as_the_latest_version():
+    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch.dispatched(0, 0, 3)
+    orch.published(1, [1, 1])  # partial rollout: every engine applied version 1 at once
+    orch.adopt_latest()
+    assert orch.pending[0] == {1: 3}
+    orch.moved(0, 1, 1)  # now a move between workers passes the C1 check
+    orch.finished(1, 1)
+    assert sum(orch.pending[0].values()) == 2

@@ -124,3 +124,85 @@ def test_a_request_refused_for_a_vanished_version_is_regenerated_on_the_latest(t
     assert rollout.restarted == 2
     assert len(group.trajectories) == 2
     assert all(set(t.result.versions) == {1} for t in group.trajectories)  # C1
+
+
+def _routed_rollout(runtime, **routing):
+    from eddyrl.scheduler.buckets import (BucketRouter, BucketSpec, RoutingConfig,
+                                          bucket_instances)
+
+    config = RoutingConfig(policy="bucket", milestones=[4], min_observations=1, window=10,
+                           rebuild_every=1,
+                           buckets=[BucketSpec("short", 10), BucketSpec("long", 400)], **routing)
+    rollout, ledger, window = _rollout(runtime)
+    rollout.router = BucketRouter(config, bucket_instances(config))
+    return rollout, ledger
+
+
+def test_the_bucket_router_moves_long_requests_to_the_long_bucket_mid_generation(two_workers):
+    """Libra on two real engines (worker 0: short bucket, worker 1: long): every request starts
+    short; at the 4-token milestone the router, having learnt that this prompt's requests run
+    ~36 more tokens, moves each to the long bucket (abort, resume on worker 1). Nothing is
+    lost, the history is kept across the move, and the books end empty."""
+    from eddyrl.scheduler.buckets import Milestone
+
+    runtime, _ = two_workers
+    rollout, ledger = _routed_rollout(runtime)
+    rollout.router.trees.observe("p", [Milestone(0)], [40, 36])  # a finished request's path
+
+    async def scenario():
+        rollout.dispatch(_groups(ledger, ["a"]), 3, SamplingParams(max_new_tokens=40))
+        return await rollout.next_batch()
+
+    (group,) = asyncio.run(scenario())
+    assert rollout.routed == 3 and rollout.migrated == 3
+    assert len(group.trajectories) == 3  # C2
+    for t in group.trajectories:
+        assert len(t.result.token_ids) == len(t.result.logprobs) == 40
+        assert set(t.result.versions) == {0}  # C1
+    # worker 0 generated about 4 tokens per request before the move, worker 1 the rest
+    generated = [engine.stats().tokens_generated for engine in runtime.workers]
+    assert generated[0] < 3 * 10 and generated[1] >= 3 * 30
+    stats = rollout.router.stats()
+    assert stats.moves == 3 and stats.connections == {"short": 0, "long": 0}
+    assert rollout.orchestrator.pending == [{}, {}]
+    assert ledger.state("a") == State.COLLECTED
+
+
+def test_a_routed_move_waits_for_an_allowed_target(two_workers):
+    """The long bucket's only worker is lent to training: the router may not move there, so
+    the requests finish where they started and the blocked move is counted."""
+    from eddyrl.scheduler.buckets import Milestone
+
+    runtime, _ = two_workers
+    rollout, ledger = _routed_rollout(runtime)
+    rollout.router.trees.observe("p", [Milestone(0)], [40, 36])
+    rollout.orchestrator.set_available(1, False)
+
+    async def scenario():
+        rollout.dispatch(_groups(ledger, ["a"]), 2, SamplingParams(max_new_tokens=12))
+        return await rollout.next_batch()
+
+    (group,) = asyncio.run(scenario())
+    assert rollout.routed == 0 and rollout.router.stats().blocked == 2
+    assert [len(t.result.token_ids) for t in group.trajectories] == [12, 12]
+    assert runtime.workers[1].stats().tokens_generated == 0
+
+
+def test_the_router_learns_from_finished_requests(two_workers):
+    """Nothing taught: the first group stays short and its lengths are learnt; the second
+    group's requests, at the same milestone, are moved to the long bucket."""
+    runtime, _ = two_workers
+    rollout, ledger = _routed_rollout(runtime)
+
+    async def scenario():
+        rollout.dispatch(_groups(ledger, ["a"]), 2, SamplingParams(max_new_tokens=24))
+        await rollout.next_batch()
+        assert rollout.routed == 0
+        ledger.queue("b", 1, 0)
+        rollout.dispatch([Group("b", "p", "a", [1, 2, 3], 0)], 2,
+                         SamplingParams(max_new_tokens=24))
+        return await rollout.next_batch()
+
+    (group,) = asyncio.run(scenario())
+    assert rollout.routed == 2
+    assert [len(t.result.token_ids) for t in group.trajectories] == [24, 24]

@@ -232,3 +232,22 @@ def test_a_chunk_whose_requests_were_all_aborted_before_starting_yields_their_ab
     aborted, running = asyncio.run(scenario())
     assert [r.finish_reason for r in aborted] == ["abort", "abort"]
     assert running[0].finished
+
+
+def test_progress_is_reported_at_the_requested_lengths_as_snapshots(engine):
+    fresh = GenerationRequest("f", [1, 35, 33], SamplingParams(max_new_tokens=8),
+                              report_at=(3, 5, 20))
+    first = asyncio.run(_collect(engine, [fresh]))
+    assert [(r.finish_reason, len(r.token_ids)) for r in first] == [
+        ("progress", 3), ("progress", 5), ("length", 8)]
+    assert [r.final for r in first] == [False, False, True]
+    assert first[0].token_ids == first[-1].token_ids[:3]  # a copy: it did not grow with the row
+    assert engine.stats().running == 0
+    # resumed with 4 tokens: the milestone at 3 was passed elsewhere and is not reported again
+    resumed = GenerationRequest("r", [1, 35, 33], SamplingParams(max_new_tokens=8),
+                                resume_ids=first[-1].token_ids[:4],
+                                resume_logprobs=first[-1].logprobs[:4],
+                                resume_versions=[0] * 4, report_at=(3, 5))
+    again = asyncio.run(_collect(engine, [resumed]))
+    assert [(r.finish_reason, len(r.token_ids)) for r in again] == [("progress", 5),
+                                                                     ("length", 8)]

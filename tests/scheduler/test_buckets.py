@@ -18,7 +18,8 @@ INSTANCES = {"short": [0, 1], "medium": [2, 4], "long": [3]}
 def _config(**overrides) -> RoutingConfig:
     settings = {"buckets": [BucketSpec("short", 1000, 1), BucketSpec("medium", 4000, 2),
                             BucketSpec("long", 16000, 4)],
-                "window": 50, "rebuild_every": 1, "min_observations": 2, **overrides}
+                "policy": "bucket", "window": 50, "rebuild_every": 1, "min_observations": 2,
+                **overrides}
     return RoutingConfig(**settings)
 
 
@@ -327,6 +328,8 @@ def test_protocol_errors_name_the_request():
     ({"buckets": []}, "routing.buckets"),
     ({"buckets": [BucketSpec("a", 10), BucketSpec("b", 0)]}, "routing.buckets[1].max_tokens"),
     ({"buckets": [BucketSpec("a", 10, 0)]}, "routing.buckets[0].parallelism"),
+    ({"buckets": [BucketSpec("a", 10, workers=0)]}, "routing.buckets[0].workers"),
+    ({"buckets": [BucketSpec("a", 10, max_batch_size=0)]}, "routing.buckets[0].max_batch_size"),
     ({"buckets": [BucketSpec("", 10)]}, "routing.buckets[0].name"),
     ({"buckets": [BucketSpec("a", 20), BucketSpec("b", 10)]}, "must rise strictly"),
     ({"buckets": [BucketSpec("a", 10), BucketSpec("a", 20)]}, "repeats the name(s) ['a']"),
@@ -373,3 +376,70 @@ def test_omegaconf_structured_config_round_trips():
     config.validate("routing")
     yaml_again = OmegaConf.to_yaml(OmegaConf.structured(config))
     assert OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(yaml_again))) == config
+
+
+# -- in a run: the orchestrator's allowed workers, moves made by others ------------------------
+
+def test_start_and_moves_stay_within_the_allowed_instances():
+    router = _router()
+    _teach(router, "p", [SEARCH], [3000, 2500])
+    # short instance 0 is not allowed (say, lent to training): the other short one takes it
+    assert router.start("a", "p", allowed={1, 2, 3, 4}) == Placement("short", 1)
+    # no short instance allowed: the smallest bucket that has one
+    assert router.start("b", "p", allowed={3, 4}) == Placement("medium", 4)
+    # the move to medium may only go to instance 4, although 2 has fewer connections
+    assert router.on_state("a", SEARCH, 500, allowed={1, 4}).target == Placement("medium", 4)
+
+
+def test_a_move_with_no_allowed_target_is_not_made_and_counted_as_blocked():
+    router = _router()
+    _teach(router, "p", [SEARCH], [3000, 2500])
+    router.start("a", "p")
+    assert router.on_state("a", SEARCH, 500, allowed={0, 1, 3}) is None  # no medium instance
+    assert router.placement("a") == Placement("short", 0)
+    assert router.stats().blocked == 1 and router.stats().moves == 0
+
+
+def test_baselines_honour_allowed_instances_too():
+    round_robin = _router("round_robin")
+    assert [round_robin.start(f"r{i}", "p", allowed={1, 3}).instance for i in range(3)] == \
+        [1, 3, 1]
+    least_load = _router("least_load")
+    # ties go to the order instances are configured in: medium's 4 before long's 3
+    assert least_load.start("r", "p", allowed={3, 4}).instance == 4
+
+
+def test_allowed_must_name_known_instances():
+    router = _router()
+    for allowed in (set(), {7}):
+        with pytest.raises(RoutingError, match="non-empty subset"):
+            router.start("a", "p", allowed=allowed)
+
+
+def test_relocate_follows_a_move_made_by_someone_else():
+    router = _router()
+    router.start("a", "p")
+    router.relocate("a", 3)
+    assert router.placement("a") == Placement("long", 3)
+    assert router.stats().connections == {"short": 0, "medium": 0, "long": 1}
+    router.finish("a", 10)
+    assert router.stats().connections == {"short": 0, "medium": 0, "long": 0}
+    with pytest.raises(RoutingError, match="is not running"):
+        router.relocate("a", 0)
+
+
+def test_workers_are_assigned_to_buckets_in_config_order():
+    from eddyrl.scheduler.buckets import bucket_instances, bucket_of_worker
+
+    config = RoutingConfig(policy="bucket", buckets=[
+        BucketSpec("short", 100, workers=2, max_batch_size=64),
+        BucketSpec("long", 1000, workers=1, max_batch_size=8)])
+    assert bucket_instances(config) == {"short": [0, 1], "long": [2]}
+    assert bucket_of_worker(config, 2).max_batch_size == 8
+    with pytest.raises(ValueError, match="worker 3 is in no bucket"):
+        bucket_of_worker(config, 3)
+
+
+def test_a_router_needs_a_policy():
+    with pytest.raises(ConfigError, match="no router"):
+        BucketRouter(RoutingConfig(), INSTANCES)

@@ -34,6 +34,10 @@ class GenerationRequest:
     # on the newest staged weights; older: refused (those weights are gone). Ignored with
     # partial rollout, where every token records its own version anyway.
     version: int | None = None
+    # Lengths (generated tokens, resumed ones included) at which the engine reports progress
+    # while the request runs: the bucket router's milestones. An engine that cannot report
+    # simply never does (the request then stays where it started).
+    report_at: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -44,12 +48,19 @@ class GenerationResult:
     logprobs: list[float]  # log p(token) under the sampling distribution (after temperature)
     versions: list[int]  # policy version that generated each token
     # "stop" | "length": done; "abort": stopped on request, partial output kept; "refused": never
-    # started because the version it needs is gone from this engine (output = what it came with)
+    # started because the version it needs is gone from this engine (output = what it came with);
+    # "progress": not an end, a note that the request reached a `report_at` length (the output
+    # so far, copied); its end comes later
     finish_reason: str
 
     @property
     def finished(self) -> bool:
         return self.finish_reason in ("stop", "length")
+
+    @property
+    def final(self) -> bool:
+        """The request's last result (every reason but "progress")."""
+        return self.finish_reason != "progress"
 
 
 @dataclass(slots=True)
@@ -78,9 +89,10 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
-        """Yield one result per request, in completion order (aborted ones with
+        """Yield one final result per request, in completion order (aborted ones with
         finish_reason "abort" and the tokens produced so far; ones whose `version` this engine
-        no longer hosts with "refused", so the caller can place them elsewhere)."""
+        no longer hosts with "refused", so the caller can place them elsewhere), and before
+        it a "progress" result at each of its `report_at` lengths the engine passes."""
 
     @abc.abstractmethod
     async def abort(self, request_ids: Iterable[str]) -> None:

@@ -47,6 +47,12 @@ class _Row:
         return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
                                 self.tokens, self.logprobs, self.versions, reason)
 
+    def progress(self) -> GenerationResult:
+        """A snapshot: the row keeps growing after it is reported."""
+        return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
+                                list(self.tokens), list(self.logprobs), list(self.versions),
+                                "progress")
+
 
 class HFInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
@@ -126,7 +132,7 @@ class HFInferenceEngine(InferenceEngine):
             state = await asyncio.to_thread(self._prefill, rows)
             while rows:
                 for result in await asyncio.to_thread(self._step, rows, state):
-                    self._running -= 1
+                    self._running -= result.final
                     yield result
         finally:
             self._running -= len(rows)
@@ -182,7 +188,8 @@ class HFInferenceEngine(InferenceEngine):
 
     def _step(self, rows: list[_Row], state: dict) -> list[GenerationResult]:
         """Sample one token for every row, take finished rows out of `rows` and the KV cache,
-        and run the next forward pass for the rest. Returns the finished rows' results."""
+        and run the next forward pass for the rest. Returns the finished rows' results and
+        progress notes of the rows that reached one of their `report_at` lengths."""
         version = state["version"]
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):  # rows with the same sampling settings sample together
@@ -202,6 +209,8 @@ class HFInferenceEngine(InferenceEngine):
         reasons = [self._finish_reason(row) for row in rows]
         finished = [row.result(reason) for row, reason in zip(rows, reasons) if reason]
         keep = [i for i, reason in enumerate(reasons) if reason is None]
+        notes = [rows[i].progress() for i in keep
+                 if len(rows[i].tokens) in rows[i].request.report_at]
         rows[:] = [rows[i] for i in keep]
         for result in finished:
             self._aborted.discard(result.request_id)
@@ -213,7 +222,7 @@ class HFInferenceEngine(InferenceEngine):
                 next_tokens = next_tokens[index]
             state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(len(keep), 1)], -1)
             state["logits"] = self._forward(next_tokens[:, None], state)
-        return finished
+        return notes + finished
 
     def _finish_reason(self, row: _Row) -> str | None:
         s = row.request.sampling
