@@ -115,7 +115,11 @@ def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
     assert len(steps) == 6 and all(m["groups_kept"] == 4 for m in steps)
     assert max(m["staleness_max"] for m in steps) <= 3  # C3
     assert max(m["staleness_max"] for m in steps) >= 1  # it did run ahead
-    assert summary["ledger"]["generating"] == 0 and summary["ledger"]["queued"] == 0
+    assert summary["ledger"]["generating"] == 0
+    assert summary["routing"]["predictions"]["none"] < sum(summary["routing"]["predictions"]
+                                                          .values())
+    lent = [m for m in steps if m.get("elastic_states", {}).get("1") not in (None, "rollout")]
+    assert all(m["routed_requests"] == 0 for m in lent[1:])  # [0]: moves before the lend and summary["ledger"]["queued"] == 0
     ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
     counts = ledger.fresh_train_counts_by_prompt(0)
     assert sum(counts.values()) == 6 * 4 and set(counts.values()) <= {0, 1}
@@ -145,9 +149,11 @@ def test_train_refuses_a_run_dir_that_holds_a_run(tmp_path):
 @pytest.mark.slow
 def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir, tmp_path):
     """Libra's non-blocking migration for real (Ray actors, gloo, CPU): rollout worker 1 joins
-    training after step 2 and leaves after step 5, with the adaptive scheduler also on. The
-    trainer takes a step every step throughout; the replica's gradients count while it is
-    joined; the worker serves rollout again at the end; C3 and the ledger hold."""
+    training after step 2 and leaves after step 7, with the adaptive scheduler and the bucket
+    router (worker 0 short, worker 1 long) also on. The trainer takes a step every step
+    throughout; the replica's gradients count while it is joined; the worker serves rollout
+    again at the end; C3 and the ledger hold; while the long bucket's worker is lent, no
+    request is routed to it."""
     from eddyrl.config import load_config
     from eddyrl.core.ledger import Ledger
     from eddyrl.launch import train
@@ -158,7 +164,9 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
         "algorithm.dynamic_sampling=false", "elastic.enabled=true",
         'elastic.schedule=["2 join 1", "7 leave 1"]', "adaptive.enabled=true",
         "adaptive.window=2", "adaptive.cooldown_steps=2", *SMALL, "loop.steps=10",
-        "loop.eval_every=0"])
+        "loop.eval_every=0", "routing.policy=bucket", "routing.min_observations=2",
+        "routing.rebuild_every=2", "routing.milestones=[4,8]",
+        "routing.buckets=[{name: short, max_tokens: 8}, {name: long, max_tokens: 24}]"])
     summary = json.loads(train(config).read_text())
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
     assert [m["version"] for m in steps] == list(range(1, 11))  # training never paused
@@ -178,3 +186,7 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
     counts = ledger.fresh_train_counts_by_prompt(0)
     assert sum(counts.values()) == 10 * 4 and set(counts.values()) <= {0, 1}
     assert summary["ledger"]["generating"] == 0
+    assert summary["routing"]["predictions"]["none"] < sum(summary["routing"]["predictions"]
+                                                          .values())
+    lent = [m for m in steps if m.get("elastic_states", {}).get("1") not in (None, "rollout")]
+    assert all(m["routed_requests"] == 0 for m in lent[1:])  # [0]: moves before the lend

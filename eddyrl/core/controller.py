@@ -116,8 +116,10 @@ class Controller:
         if not elastic.enabled:
             return None
         workers = len(self.runtime.workers)
+        router = self.rollout.router
         plan = GenerationPlan(concurrency=self.settings.rollout.max_batch_size,
-                              partial_rollout=self.settings.rollout.partial_rollout)
+                              partial_rollout=self.settings.rollout.partial_rollout,
+                              layout=router.layout if router is not None else ())
         cost = self.settings.plan_cost
         predictor = PlanPredictor(cost, plan) if adaptive.enabled and cost else None
         return ElasticDriver(

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..scheduler.adaptive import AdaptiveScheduler, Change, GenerationPlan
-from ..scheduler.plan_predictor import PlanPredictor, StepObservation
+from ..scheduler.plan_predictor import BucketLoad, PlanPredictor, StepObservation
 from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
 from .rollout import StreamingRollout
 
@@ -116,6 +116,7 @@ class ElasticDriver:
                        (serving * orchestrator.slots_per_worker))
         self.adaptive.observe(step, rollout_s, metrics["train_s"], pressure,
                               float(metrics.get("staleness_mean", 0.0)))
+        bucket_loads = self._bucket_loads()
         if self.predictor is not None and metrics.get("response_len_max"):
             mean_length = float(metrics["response_len_mean"])
             self.predictor.observe(StepObservation(
@@ -123,7 +124,8 @@ class ElasticDriver:
                 self.rollout_group_size / serving,
                 mean_length=mean_length, max_length=float(metrics["response_len_max"]),
                 mean_context=float(metrics.get("prompt_len_mean", 0.0)) + mean_length / 2,
-                rollout_s=rollout_s, train_s=metrics["train_s"]), self.adaptive.plan)
+                rollout_s=rollout_s, train_s=metrics["train_s"], buckets=bucket_loads),
+                self.adaptive.plan)
         decision = self.adaptive.decide(can_borrow=bool(self.pool.joinable()),
                                         can_return=bool(self.pool.leavable()))
         self.events.append({"step": step, "decision": decision.change.value,
@@ -139,16 +141,33 @@ class ElasticDriver:
         elif decision.change is Change.SET_PLAN:
             await self._apply_plan(decision.plan)
 
+    def _bucket_loads(self) -> tuple[BucketLoad, ...]:
+        """Per bucket, the training requests that finished there since the last boundary."""
+        router = self.rollout.router
+        if router is None:
+            return ()
+        lengths = self.rollout.take_bucket_lengths()
+        loads = []
+        for spec in router.config.buckets:
+            seen = lengths.get(spec.name, [])
+            loads.append(BucketLoad(len(seen), sum(seen) / len(seen) if seen else 0.0,
+                                    float(max(seen, default=0))))
+        return tuple(loads)
+
     async def _apply_plan(self, plan: GenerationPlan) -> None:
-        """ReFlow's generation strategy on every rollout worker, timed: the measured cost is
-        what the adaptive scheduler weighs the next plan change against."""
+        """ReFlow's generation strategy on every rollout worker (and Libra's bucket layout on
+        the router), timed: the measured cost is what the adaptive scheduler weighs the next
+        plan change against."""
         started = self.runtime.now()
         hosted = await self.runtime.configure_rollout(plan.concurrency, plan.partial_rollout)
         self.rollout.partial_rollout = plan.partial_rollout
         self.rollout.published(self.rollout.orchestrator.latest, hosted)
+        if plan.layout and self.rollout.router is not None:
+            self.rollout.router.set_layout(plan.layout)
         self.adaptive.record_reconfiguration_cost(self.runtime.now() - started)
         self.events.append({"step": self.pool.step, "plan": {
-            "concurrency": plan.concurrency, "partial_rollout": plan.partial_rollout}})
+            "concurrency": plan.concurrency, "partial_rollout": plan.partial_rollout,
+            **({"layout": list(plan.layout)} if plan.layout else {})}})
 
     async def _rollout_busy_per_worker(self) -> float:
         """Seconds the serving rollout workers spent generating since the last boundary, per

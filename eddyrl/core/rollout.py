@@ -75,6 +75,9 @@ class StreamingRollout:
     migrated: int = 0  # requests moved between workers, in all
     restarted: int = 0  # trajectories regenerated because their version's weights were gone
     routed: int = 0  # of `migrated`: moved by the bucket router to another bucket
+    # with a router: lengths of the training requests that finished in each bucket since the
+    # adaptive scheduler last looked (`take_bucket_lengths`); None until it first looks
+    _bucket_lengths: dict[str, list[int]] | None = None
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -195,6 +198,9 @@ class StreamingRollout:
         del self._requests[result.request_id]
         if self.router is not None:  # learn from complete training samples only
             if request.track:
+                if self._bucket_lengths is not None:
+                    bucket = self.router.placement(result.request_id).bucket
+                    self._bucket_lengths.setdefault(bucket, []).append(len(result.token_ids))
                 self.router.finish(result.request_id, len(result.token_ids))
             else:
                 self.router.cancel(result.request_id)
@@ -277,6 +283,12 @@ class StreamingRollout:
             moving += len(ids)
             await self.runtime.abort(move.source, ids)
         return moving
+
+    def take_bucket_lengths(self) -> dict[str, list[int]]:
+        """Lengths of the training requests finished in each bucket since the last call (the
+        first call starts the record)."""
+        lengths, self._bucket_lengths = self._bucket_lengths, {}
+        return lengths or {}
 
     # -- elastic pool --------------------------------------------------------------------------
 

@@ -5,9 +5,10 @@ change the rollout/training split or the generation strategy, at most one change
   pressure p (waiting requests / capacity): give a borrowed worker back when p >= 0.80 or
   r <= 0.90; borrow one when r >= 1.15 and p < 0.80 (a worker borrowed from a saturated rollout
   would be returned at once). The gap between 0.90 and 1.15 is the hysteresis band.
-- **Generation strategy (ReFlow).** Candidate plans (concurrency x partial rollout on/off) are
-  scored by the predicted step time max(t_rollout, t_train) from a pluggable predictor (the cost
-  model). The best candidate replaces the current plan only if its relative gain over the
+- **Generation strategy (ReFlow).** Candidate plans (concurrency x partial rollout on/off; with
+  Libra's buckets also the bucket layout, i.e. workers per bucket: the current layout and every
+  layout one worker away from it) are scored by the predicted step time max(t_rollout, t_train)
+  from a pluggable predictor (the cost model). The best candidate replaces the current plan only if its relative gain over the
   current plan's prediction is >= min_gain AND the saving over `horizon_steps` steps exceeds
   the measured reconfiguration cost (Libra: saving - cost > 0 and gain >= 5%). The papers do
   not say what "saving" is measured in: here the predictor gives the relative gain (its biases
@@ -83,6 +84,19 @@ class AdaptiveConfig:
 class GenerationPlan:
     concurrency: int  # requests in flight per rollout worker
     partial_rollout: bool  # cut unfinished generations at the step boundary, resume them later
+    layout: tuple[int, ...] = ()  # rollout workers per bucket, in bucket order (): no buckets
+
+
+def neighbour_layouts(layout: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Layouts one worker away: one worker moved between two buckets, each keeping >= 1."""
+    moved = []
+    for source, target in itertools.permutations(range(len(layout)), 2):
+        if layout[source] > 1:
+            new = list(layout)
+            new[source] -= 1
+            new[target] += 1
+            moved.append(tuple(new))
+    return moved
 
 
 Predictor = Callable[[GenerationPlan], tuple[float, float]]  # plan -> (t_rollout, t_train) s
@@ -152,9 +166,6 @@ class AdaptiveScheduler:
         self.config = config
         self.plan = plan
         self.predict = predict  # None: only the split is adapted
-        self.candidates = [GenerationPlan(concurrency=c, partial_rollout=p) for c, p in
-                           itertools.product(sorted(set(config.concurrency_choices)),
-                                             (False, True))]
         self.step = 0  # last observed step
         self.decisions: list[Decision] = []
         self._last_change_step: int | None = None
@@ -254,7 +265,7 @@ class AdaptiveScheduler:
         if predict is None:
             return None, "no plan predictor"
         current_s = _predicted_step_s(predict, self.plan)
-        others = [p for p in self.candidates if p != self.plan]  # never empty: 2 per concurrency
+        others = [p for p in self.candidates() if p != self.plan]  # never empty
         scored = [(_predicted_step_s(predict, p), i, p) for i, p in enumerate(others)]
         best_s, _, best = min(scored)
         gain = 1 - best_s / current_s
@@ -268,6 +279,17 @@ class AdaptiveScheduler:
         if saving - cost <= 0:
             return None, f"{described}: saving does not exceed the cost"
         return best, described
+
+    def candidates(self) -> list[GenerationPlan]:
+        """Concurrency x partial rollout under the current bucket layout, and the current
+        concurrency and partial rollout under each layout one worker away (one step at a time:
+        a layout change moves one worker per decision)."""
+        plan = self.plan
+        plans = [GenerationPlan(c, p, plan.layout) for c, p in
+                 itertools.product(sorted(set(self.config.concurrency_choices)), (False, True))]
+        plans += [GenerationPlan(plan.concurrency, plan.partial_rollout, layout)
+                  for layout in neighbour_layouts(plan.layout)]
+        return plans
 
     def _fresh_smoothers(self) -> list[Smoother]:
         return [Smoother(self.config.smoothing, self.config.window) for _ in range(4)]

@@ -229,6 +229,29 @@ class BucketRouter:
         self._requests[request_id] = _Request(prompt_id, placement)
         return placement
 
+    def set_layout(self, layout: Sequence[int]) -> None:
+        """Give the buckets `layout[b]` instances each, consecutive in bucket order (the
+        adaptive scheduler's bucket layout). Running requests stay on their instance; those
+        whose instance changed bucket now count as that bucket's."""
+        if len(layout) != len(self.config.buckets) or min(layout) < 1 or \
+                sum(layout) != len(self._bucket_of):
+            raise RoutingError(f"layout {list(layout)} must give each of the "
+                               f"{len(self.config.buckets)} buckets at least one of the "
+                               f"{len(self._bucket_of)} instances, all of them in all")
+        ordered = sorted(self._bucket_of)
+        offsets = itertools.accumulate(layout, initial=0)
+        self.instances = {spec.name: ordered[start:start + count]
+                          for spec, start, count in zip(self.config.buckets, offsets, layout)}
+        self._bucket_of = {i: name for name, ids in self.instances.items() for i in ids}
+        self._round_robin = itertools.cycle(list(self._bucket_of))
+        for request in self._requests.values():
+            instance = request.placement.instance
+            request.placement = Placement(self._bucket_of[instance], instance)
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        return tuple(len(self.instances[spec.name]) for spec in self.config.buckets)
+
     def relocate(self, request_id: str, instance: int) -> None:
         """Someone else moved the request to `instance` (a version consolidation, a restart):
         keep the connection counts and its bucket true. Its path and statistics stay."""

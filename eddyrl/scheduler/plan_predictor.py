@@ -15,6 +15,10 @@ rollout time (busy seconds per worker), which absorbs what the roofline does not
 (Python overhead, sampling, a 2-core CPU shared with training); only ratios between plans come
 from the model. Training time is measured and does not depend on the plan.
 
+With Libra's buckets the step's requests are observed per bucket (where each finished: count,
+mean and max length), and a layout (workers per bucket) is predicted bucket by bucket: each
+bucket's workers share its requests, and the rollout ends with the slowest bucket.
+
 Sans-IO: no clock; `observe` takes the numbers, `__call__` is the adaptive scheduler's
 `Predictor`.
 """
@@ -32,6 +36,15 @@ from .hardware import lookup_accelerator, measure_cpu, model_from_hf_config
 
 
 @dataclass(frozen=True, slots=True)
+class BucketLoad:
+    """The requests that finished in one bucket during a step."""
+
+    requests: int
+    mean_length: float
+    max_length: float
+
+
+@dataclass(frozen=True, slots=True)
 class StepObservation:
     requests_per_worker: float  # responses one serving rollout worker generated this step
     mean_length: float  # mean response tokens
@@ -39,6 +52,7 @@ class StepObservation:
     mean_context: float  # mean tokens in the KV cache while decoding
     rollout_s: float  # measured rollout busy seconds per worker
     train_s: float  # measured training seconds
+    buckets: tuple[BucketLoad, ...] = ()  # per bucket, in bucket order (with a router)
 
 
 class PlanPredictor:
@@ -53,11 +67,25 @@ class PlanPredictor:
     def model_rollout_s(self, plan: GenerationPlan) -> float:
         """The cost model's (unscaled) rollout time of the last step under `plan`."""
         obs = self._observation()
-        requests = max(obs.requests_per_worker, 1.0)
+        if obs.buckets and plan.layout:
+            if len(plan.layout) != len(obs.buckets):
+                raise ValueError(f"layout {plan.layout} has {len(plan.layout)} buckets, the "
+                                 f"observation {len(obs.buckets)}")
+            per_bucket = [self._worker_s(plan, load.requests / workers, load.mean_length,
+                                         load.max_length, obs.mean_context)
+                          for load, workers in zip(obs.buckets, plan.layout) if load.requests]
+            if per_bucket:
+                return max(per_bucket)
+        return self._worker_s(plan, obs.requests_per_worker, obs.mean_length, obs.max_length,
+                              obs.mean_context)
+
+    def _worker_s(self, plan: GenerationPlan, requests_per_worker: float, mean_length: float,
+                  max_length: float, mean_context: float) -> float:
+        requests = max(requests_per_worker, 1.0)
         batch = max(1, min(plan.concurrency, math.ceil(requests)))
         waves = math.ceil(requests / plan.concurrency)
-        length = obs.mean_length if plan.partial_rollout else obs.max_length
-        return waves * max(length, 1.0) * self.cost.decode_step_seconds(batch, obs.mean_context)
+        length = mean_length if plan.partial_rollout else max_length
+        return waves * max(length, 1.0) * self.cost.decode_step_seconds(batch, mean_context)
 
     def __call__(self, plan: GenerationPlan) -> tuple[float, float]:
         obs = self._observation()

@@ -182,3 +182,36 @@ def test_an_adaptive_plan_change_is_applied_to_every_worker_and_its_cost_recorde
     assert plans == [{"concurrency": 64, "partial_rollout": True}]  # once: then cooldown
     assert runtime.configured == [(64, True)] and driver.rollout.partial_rollout is True
     assert driver.adaptive.reconfiguration_cost_s == 0.0  # measured (this runtime's clock)
+
+
+def test_a_plan_with_a_bucket_layout_reassigns_the_router_and_sees_per_bucket_loads():
+    from eddyrl.scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+    from eddyrl.scheduler.buckets import (BucketRouter, BucketSpec, RoutingConfig,
+                                          bucket_instances)
+
+    runtime = PlanRuntime()
+    runtime.workers = [object(), object(), object()]
+    driver = _driver(runtime, [])
+    routing = RoutingConfig(policy="bucket", buckets=[BucketSpec("short", 10, workers=2),
+                                                      BucketSpec("long", 100, workers=1)])
+    driver.rollout.router = BucketRouter(routing, bucket_instances(routing))
+    driver.rollout.take_bucket_lengths()  # start the record, as the first boundary does
+    seen = []
+
+    def predict(plan):
+        seen.append(plan)
+        return (0.5 if plan.layout == (1, 2) else 1.0), 0.4
+
+    config = AdaptiveConfig(enabled=True, window=2, cooldown_steps=3, concurrency_choices=[64],
+                            reconfiguration_cost_s=0.0)
+    driver.adaptive = AdaptiveScheduler(config, GenerationPlan(64, False, (2, 1)), predict)
+    driver.rollout._bucket_lengths = {"long": [40, 60]}  # finished there during the step
+    assert driver._bucket_loads()[1].requests == 2 and driver._bucket_loads()[1].requests == 0
+
+    async def run():
+        for step in range(1, 4):
+            await driver.boundary(step, step, {"train_s": 1.0, "staleness_mean": 0.0})
+
+    asyncio.run(run())
+    assert driver.rollout.router.layout == (1, 2)
+    assert [e["plan"]["layout"] for e in driver.events if "plan" in e] == [[1, 2]]

@@ -223,3 +223,28 @@ def test_config_errors_name_the_keys(overrides, message):
     AdaptiveConfig().validate("adaptive")
     with pytest.raises(ConfigError, match=message):
         AdaptiveConfig(**overrides).validate("adaptive")
+
+
+def test_bucket_layouts_one_worker_away_are_candidates_and_chosen_when_they_pay():
+    from eddyrl.scheduler.adaptive import neighbour_layouts
+
+    assert sorted(neighbour_layouts((3, 1))) == [(2, 2)]
+    assert sorted(neighbour_layouts((2, 1, 1))) == [(1, 1, 2), (1, 2, 1)]
+    current = GenerationPlan(64, False, (3, 1))
+    wanted = GenerationPlan(64, False, (2, 2))
+
+    def predict(plan):  # only the layout matters here
+        return (7.0 if plan.layout == (2, 2) else 10.0), 5.0
+
+    config = AdaptiveConfig(enabled=True, window=4, cooldown_steps=6)
+    scheduler = AdaptiveScheduler(config, current, predict)
+    assert wanted in scheduler.candidates()
+    assert all(p.layout == (3, 1) or (p.concurrency, p.partial_rollout) == (64, False)
+               for p in scheduler.candidates())  # one dimension at a time
+    _feed(scheduler, 4, ratio=0.95)
+    decision = scheduler.decide(can_borrow=False, can_return=False)
+    assert decision.change is Change.SET_PLAN and decision.plan == wanted
+    assert "layout=(2, 2)" in decision.reason
+    # the next layout step (1, 3) predicts no better: after the cooldown nothing changes
+    _feed(scheduler, 10, ratio=0.95)
+    assert scheduler.decide(can_borrow=False, can_return=False).change is Change.KEEP

@@ -443,3 +443,19 @@ def test_workers_are_assigned_to_buckets_in_config_order():
 def test_a_router_needs_a_policy():
     with pytest.raises(ConfigError, match="no router"):
         BucketRouter(RoutingConfig(), INSTANCES)
+
+
+def test_set_layout_reassigns_instances_and_relabels_running_requests():
+    router = BucketRouter(_config(buckets=[BucketSpec("short", 100), BucketSpec("long", 1000)]),
+                          {"short": [0, 1, 2], "long": [3]})
+    assert router.layout == (3, 1)
+    router.start("a", "p")  # instance 0
+    router.start("b", "p")  # instance 1
+    router.set_layout((1, 3))
+    assert router.instances == {"short": [0], "long": [1, 2, 3]}
+    assert router.placement("b") == Placement("long", 1)  # still on instance 1, now long
+    assert router.stats().connections == {"short": 1, "long": 1}
+    assert router.start("c", "p") == Placement("short", 0)  # the smallest bucket: instance 0
+    for bad in ((4, 0), (2, 1), (1, 1, 2)):
+        with pytest.raises(RoutingError, match="at least one"):
+            router.set_layout(bad)

@@ -44,3 +44,22 @@ def test_no_observation_is_an_error_and_cost_models_are_chosen_by_name_or_measur
     assert rollout_cost_model("H100", "cuda", QWEN3_4B).accelerator.name == "H100"
     assert rollout_cost_model("auto", "cuda", QWEN3_4B) is None  # cannot name it: no guess
     assert rollout_cost_model("auto", "cpu", QWEN3_4B).accelerator.name == "cpu-measured"
+
+
+def test_a_bucket_layout_is_predicted_by_its_slowest_bucket():
+    """Short bucket: 3 workers share 96 short requests; long bucket: 1 worker has 32 long
+    ones and sets the step time. One worker moved short -> long shortens the step; the other
+    way lengthens it; the current layout still predicts what was measured."""
+    from eddyrl.scheduler.plan_predictor import BucketLoad
+
+    current = GenerationPlan(64, False, (3, 1))
+    predictor = PlanPredictor(CostModel("H100", "Qwen3-4B"), current)
+    predictor.observe(StepObservation(
+        requests_per_worker=32.0, mean_length=1500.0, max_length=8000.0, mean_context=1500.0,
+        rollout_s=300.0, train_s=120.0,
+        buckets=(BucketLoad(96, 500.0, 1000.0), BucketLoad(32, 4500.0, 8000.0))), current)
+    assert predictor(current) == pytest.approx((300.0, 120.0))
+    assert predictor(GenerationPlan(64, False, (2, 2)))[0] < 300.0
+    assert predictor(GenerationPlan(64, False, (3, 1)))[0] == pytest.approx(300.0)
+    with pytest.raises(ValueError, match="has 3 buckets"):
+        predictor(GenerationPlan(64, False, (1, 1, 2)))
