@@ -147,7 +147,8 @@ async def _run_and_save(controller: Controller, runtime, checkpoint: Path) -> di
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
     summary.update(rollout_workers=len(stats),
-                   rollout_busy_s=sum(s.busy_seconds for s in stats))
+                   rollout_busy_s=sum(s.busy_seconds for s in stats),
+                   rollout_worker_tokens=[s.tokens_generated for s in stats])
     await runtime.save(str(checkpoint))
     # The ledger goes with the checkpoint: which prompts were trained fresh, replayed, dropped.
     (checkpoint / "ledger.json").write_text(json.dumps(controller.ledger.to_dict()))

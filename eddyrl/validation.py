@@ -17,8 +17,12 @@ def did_you_mean(word: str, options: Iterable[str]) -> str:
 def check_choice(key: str, value: Any, allowed: Iterable[str]) -> None:
     allowed = list(allowed)
     if value not in allowed:
-        raise ConfigError(f"config key {key!r} = {value!r} is not allowed; choose one of "
-                          f"{', '.join(map(repr, allowed))}{did_you_mean(str(value), allowed)}")
+        # YAML 1.1 reads off/on/no/yes as booleans, which a string field receives as text
+        boolean = " (YAML read a bare off/on/no/yes as a boolean)" \
+            if str(value) in ("True", "False") else ""
+        raise ConfigError(f"config key {key!r} = {value!r}{boolean} is not allowed; choose one "
+                          f"of {', '.join(map(repr, allowed))}"
+                          f"{did_you_mean(str(value), allowed)}")
 
 
 def check_range(key: str, value: float, lo: float | None = None, hi: float | None = None,

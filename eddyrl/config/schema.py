@@ -52,7 +52,7 @@ class EddyConfig:
 
     def _check_routing(self) -> None:
         routing = self.routing
-        if routing.policy == "off":
+        if routing.policy == "none":
             return
         workers = sum(spec.workers for spec in routing.buckets)
         if workers != self.rollout.num_workers:

@@ -105,7 +105,7 @@ class Controller:
     def _router(self) -> BucketRouter | None:
         """Libra's bucket router (or one of its baselines), when routing is on."""
         routing = self.settings.routing
-        if routing.policy == "off":
+        if routing.policy == "none":
             return None
         return BucketRouter(routing, bucket_instances(routing))
 

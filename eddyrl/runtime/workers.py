@@ -31,7 +31,7 @@ def worker_batch_size(config: EddyConfig, index: int) -> int:
     """Sequences rollout worker `index` decodes together: its bucket's setting, if routing
     gives it one (e.g. wide batches for short requests, narrow ones for long), else the
     rollout section's."""
-    if config.routing.policy != "off":
+    if config.routing.policy != "none":
         size = bucket_of_worker(config.routing, index).max_batch_size
         if size is not None:
             return size

@@ -50,7 +50,7 @@ __all__ = ["BucketRouter", "BucketSpec", "Milestone", "Move", "NodeStats", "Plac
            "Prediction", "PrefixTrees", "RoutingConfig", "RoutingError", "RoutingStats",
            "ToolState", "bucket_instances", "bucket_of_worker", "milestone_state", "p90"]
 
-POLICIES = ("off", "bucket", "round_robin", "least_load", "fifo")  # off: no router in a run
+POLICIES = ("none", "bucket", "round_robin", "least_load", "fifo")  # none: no router in a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,9 @@ def _default_buckets() -> list[BucketSpec]:
 
 @dataclass(kw_only=True, slots=True)
 class RoutingConfig:
-    # off: the version orchestrator alone places requests (least loaded); bucket: Libra;
+    # none: the version orchestrator alone places requests (least loaded); bucket: Libra;
     # round_robin, least_load, fifo: baselines of the same router, for comparison
-    policy: str = "off"
+    policy: str = "none"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising
     window: int = 200  # observations each tree node keeps
     rebuild_every: int = 100  # finished requests between refreshes of the node statistics
@@ -189,8 +189,8 @@ class BucketRouter:
         only if both ends are in `carry_kv_instances` and both cost functions are given and
         say it is cheaper; otherwise it recomputes."""
         config.validate("routing")
-        if config.policy == "off":
-            raise ConfigError("routing.policy = 'off' means no router; build none")
+        if config.policy == "none":
+            raise ConfigError("routing.policy = 'none' means no router; build none")
         self.config = config
         self.trees = PrefixTrees(config.window, config.rebuild_every, config.min_observations)
         self.specs = {spec.name: spec for spec in config.buckets}

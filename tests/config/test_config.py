@@ -113,3 +113,31 @@ def test_tiny_cpu_yaml_spells_out_the_defaults():
 
     path = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
     assert load_config(path) == load_config(overrides=["platform=cpu"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["routing.policy=bucket"], "routing.buckets give 3 worker(s) (short: 1, medium: 1, long: 1) "
+                                "but rollout.num_workers = 1"),
+    (["routing.policy=off"], "'routing.policy' = 'False' (YAML read a bare off/on/no/yes as a "
+                             "boolean) is not allowed"),
+    (["rollout.num_workers=2", "routing.policy=bucket", "elastic.enabled=true",
+      "adaptive.enabled=true",
+      "routing.buckets=[{name: s, max_tokens: 8, max_batch_size: 4}, {name: l, max_tokens: 24}]"],
+     "routing.buckets ['s'] set their own max_batch_size while adaptive.enabled"),
+])
+def test_routing_settings_that_cannot_work_are_refused_by_name(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=overrides)
+    assert message in str(error.value)
+
+
+def test_routing_is_off_by_default_and_a_bucket_layout_loads():
+    assert load_config().routing.policy == "none"
+    config = load_config(overrides=[
+        "rollout.num_workers=3", "routing.policy=bucket",
+        "routing.buckets=[{name: s, max_tokens: 8, workers: 2}, {name: l, max_tokens: 24}]"])
+    from eddyrl.runtime.workers import worker_batch_size
+    from eddyrl.scheduler.buckets import bucket_instances
+
+    assert bucket_instances(config.routing) == {"s": [0, 1], "l": [2]}
+    assert [worker_batch_size(config, w) for w in range(3)] == [256] * 3

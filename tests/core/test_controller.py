@@ -212,7 +212,7 @@ class MigrationCountingRuntime(SyncingRuntime):
         await super().abort(worker, request_ids)
 
 
-@pytest.mark.parametrize("fill_legacy,routing", [(False, "off"), (True, "off"),
+@pytest.mark.parametrize("fill_legacy,routing", [(False, "none"), (True, "none"),
                                                   (True, "bucket")])
 def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tiny_model_dir,
                                                                         fill_legacy, routing):
