@@ -155,6 +155,11 @@ class FSDPTrainEngine(TrainEngine):
             logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
             if not padding:
                 rows.append(logprobs)
+        # FSDP2 keeps the root's parameters (embeddings, final norm, LM head) gathered after a
+        # forward, expecting a backward to reshard them; with none coming they would stay full
+        # size on every rank (for good, on a KL reference engine) and `offload` would move the
+        # gathered copies instead of the shards.
+        self.model.reshard()
         if not rows:
             return torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
         return torch.cat(rows).to(batch.input_ids.device)
