@@ -10,6 +10,7 @@ from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
+from ..runtime.sim_config import SimConfig
 from ..scheduler.adaptive import AdaptiveConfig
 from ..scheduler.buckets import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
@@ -33,6 +34,7 @@ class EddyConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    sim: SimConfig = field(default_factory=SimConfig)  # `eddy sim` only: the simulated cluster
 
     def validate(self, prefix: str = "") -> None:
         check_platform_name("platform", self.platform)

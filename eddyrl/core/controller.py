@@ -80,6 +80,9 @@ class Controller:
     decode: Callable[[list[int]], str]
     reward: SafeReward
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
+    # groups -> what runtime.train takes: token tensors for real engines; the simulator passes
+    # a builder that only counts tokens (a 1,024-device step's tensors would not fit)
+    build_batch: Callable[..., Any] = build_train_batch
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
@@ -189,8 +192,8 @@ class Controller:
         train_metrics: dict[str, float] = {}
         if groups:
             weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
-            batch = build_train_batch(groups, self.settings.pad_id, weights=weights,
-                                      normalize_std=self.settings.algorithm.normalize_std)
+            batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
+                                     normalize_std=self.settings.algorithm.normalize_std)
             replicas = self.elastic.replicas() if self.elastic else []
             train_metrics = await (self.runtime.train(batch, replicas) if replicas
                                    else self.runtime.train(batch))

@@ -1,0 +1,330 @@
+"""`sim`: an inference engine whose time comes from the cost model, for the cluster simulator.
+
+It models what makes rollout slow at scale, on the loop's (virtual) clock:
+- **continuous batching**: requests join the running batch at the next decode step (up to
+  `max_batch_size`), each paying a prefill of its context on admission; a decode step of b
+  sequences with mean context c takes `cost.decode_step_seconds(b, c)`;
+- **KV capacity**: the running contexts must fit in `kv_capacity_tokens`; when the batch would
+  overflow it, the most recently admitted sequence is preempted (its tokens are kept and
+  re-prefilled when it is admitted again, as vLLM's recompute preemption does);
+- the **inference-engine contract** of `hf`: versions (a request joins the hosted version, waits
+  for staged weights, or is refused), delayed weight updates (staged while requests run, applied
+  once they drain; with partial rollout at the next step), abort with partial output, progress
+  notes at `report_at` lengths.
+
+Events, not tokens: the batch changes only when a sequence finishes, reaches a progress
+length, the KV cache fills, or something arrives (a request, an abort, weights). Between two
+events the engine sleeps for all the decode steps in one go (the step time taken at the mean
+context over the interval), so the work per request is a few heap operations whatever its
+length. Token counts are kept as one global step counter minus a per-sequence offset.
+
+What a request generates is the workload's business: `length_of(request)` gives the total
+response length (resumed tokens included; capped by max_new_tokens) and `correct_of(request)`
+whether it is right, encoded as the value of every token id (1: correct, 0: wrong) so that a
+reward function can score the decoded text. Results use `Runs`, not lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Iterable
+
+from ...scheduler.cost_model import CostModel
+from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
+from .runs import Runs
+
+
+@dataclass(eq=False, slots=True)
+class _Seq:
+    request: GenerationRequest
+    out: asyncio.Queue
+    target: int  # generated tokens (resumed included) at which it ends
+    token: int  # the id every generated token carries
+    tokens: int  # generated so far, while not running (running: engine step - offset)
+    order: int = 0  # admission order (the newest is preempted first)
+    offset: int = 0
+    # (version, token index it started at) for the tokens generated here: one entry unless
+    # partial rollout changed the weights under it
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    hosted: int | None = None  # version it holds while preempted (None: not started)
+
+
+class SimInferenceEngine(InferenceEngine):
+    def __init__(self, cost: CostModel, *, length_of: Callable[[GenerationRequest], int],
+                 correct_of: Callable[[GenerationRequest], bool], max_batch_size: int = 256,
+                 kv_capacity_tokens: int | None = None, version: int = 0,
+                 partial_rollout: bool = False) -> None:
+        self.cost = cost
+        self.length_of = length_of
+        self.correct_of = correct_of
+        self.max_batch_size = max_batch_size
+        self.kv_capacity_tokens = kv_capacity_tokens or default_kv_capacity(cost)
+        self.partial_rollout = partial_rollout
+        self._version = version
+        self._staged: int | None = None
+        self._waiting: list[_Seq] = []  # preempted ones first, then arrivals in order
+        self._running: dict[int, _Seq] = {}
+        self._finishes: list[tuple[int, int, _Seq]] = []  # (engine step it ends at, id, seq)
+        self._reports: list[tuple[int, int, _Seq]] = []  # (engine step it reports at, id, seq)
+        self._ids = itertools.count()
+        self._step = 0  # decode steps taken by this engine
+        self._context_base = 0  # sum over running of (prompt + tokens at step 0 of the offset)
+        self._aborted: set[str] = set()
+        self._interrupt = asyncio.Event()
+        self._server: asyncio.Task | None = None
+        self._tokens = 0
+        self._busy = 0.0
+        self._sleeping = False
+        self.preemptions = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- the contract ---------------------------------------------------------------------
+    async def generate(self, requests: list[GenerationRequest]
+                       ) -> AsyncIterator[GenerationResult]:
+        if self._sleeping:
+            raise RuntimeError("generate called on a sleeping engine; call wake() first")
+        out: asyncio.Queue = asyncio.Queue()
+        for request in requests:
+            resumed = len(request.resume_ids)
+            target = min(max(self.length_of(request), resumed + 1),
+                         request.sampling.max_new_tokens)
+            if resumed >= request.sampling.max_new_tokens:
+                raise ValueError(f"request {request.request_id}: resumes with {resumed} tokens, "
+                                 f"max_new_tokens is {request.sampling.max_new_tokens}")
+            longest = len(request.prompt_ids) + request.sampling.max_new_tokens
+            if longest > self.kv_capacity_tokens:
+                raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = "
+                                 f"{longest} tokens exceed the KV cache's "
+                                 f"{self.kv_capacity_tokens}")
+            self._waiting.append(_Seq(request, out, target, int(self.correct_of(request)),
+                                      resumed))
+        self._wake_server()
+        remaining = len(requests)
+        while remaining:
+            result = await out.get()
+            if isinstance(result, BaseException):
+                raise result
+            remaining -= result.final
+            yield result
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        self._aborted.update(request_ids)
+        self._wake_server()
+
+    async def load_weights(self, version: int, buckets=()) -> None:
+        """Weights are a version number here; their transfer time is the runtime's."""
+        self._staged = version
+        if not self._holds_version():
+            self._apply_staged()  # idle: at once; partial rollout: at the next step boundary
+        self._wake_server()
+
+    async def sleep(self) -> None:
+        self._sleeping = True
+
+    async def wake(self) -> None:
+        self._sleeping = False
+
+    def configure(self, *, max_batch_size: int | None = None,
+                  partial_rollout: bool | None = None) -> None:
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+        if partial_rollout is not None:
+            self.partial_rollout = partial_rollout  # staged weights apply at the next step
+        self._wake_server()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running),
+                           waiting=len(self._waiting), version=self._version,
+                           tokens_generated=self._tokens, busy_seconds=self._busy,
+                           kv_cache_usage=self._kv_used() / self.kv_capacity_tokens,
+                           staged_version=self._staged, sleeping=self._sleeping)
+
+    # ---- serving ----------------------------------------------------------------------------
+    def _wake_server(self) -> None:
+        self._interrupt.set()
+        if self._server is None or self._server.done():
+            self._server = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        try:
+            while self._running or self._waiting:
+                self._interrupt.clear()
+                if self.partial_rollout:  # the step under way has completed: new weights now
+                    self._apply_staged()
+                self._settle_aborts()
+                await self._admit()
+                if self._running:
+                    await self._decode()
+                elif self._waiting and not self._interrupt.is_set():
+                    await self._interrupt.wait()  # e.g. waiting for weights that are not here
+        except BaseException as exc:
+            for seq in [*self._running.values(), *self._waiting]:
+                seq.out.put_nowait(exc)
+            raise
+
+    async def _admit(self) -> None:
+        """Refuse what needs gone weights, switch to staged weights once the old version has
+        drained, and move waiting sequences into the batch while it and the KV cache have room;
+        their prefill takes the engine's time."""
+        if self._staged is not None and not self._holds_version() and any(
+                self._wants_newer(seq) for seq in self._waiting):
+            self._apply_staged()
+        prefill, kept = 0.0, []
+        for seq in self._waiting:
+            need = None if self.partial_rollout else seq.request.version
+            if seq.hosted is not None and not self.partial_rollout:
+                need = seq.hosted  # preempted: it must continue on its own version
+            if need is not None and need < self._version:
+                self._finish(seq, "refused")
+                continue
+            # room for its context and a step of every sequence, or it would be preempted again
+            fits = self._kv_used() + self._context(seq) + len(self._running) + 1 <= \
+                self.kv_capacity_tokens
+            if (need is not None and need > self._version) or \
+                    len(self._running) >= self.max_batch_size or not fits:
+                kept.append(seq)
+                continue
+            prefill += self.cost.prefill_seconds(self._context(seq))
+            self._start(seq)
+        self._waiting = kept
+        if prefill:
+            self._busy += prefill
+            await asyncio.sleep(prefill)
+
+    def _start(self, seq: _Seq) -> None:
+        sid = next(self._ids)
+        seq.order = sid
+        seq.offset = self._step - seq.tokens
+        if not seq.segments or seq.segments[-1][0] != self._version:
+            seq.segments.append((self._version, seq.tokens))
+        seq.hosted = None
+        self._running[sid] = seq
+        self._context_base += len(seq.request.prompt_ids) - seq.offset
+        heapq.heappush(self._finishes, (seq.offset + seq.target, sid, seq))
+        for length in seq.request.report_at:
+            if seq.tokens < length < seq.target:
+                heapq.heappush(self._reports, (seq.offset + length, sid, seq))
+
+    async def _decode(self) -> None:
+        """Decode until the next event: a sequence ends or reports, the KV cache fills, or
+        something arrives (then the step under way completes first)."""
+        batch = len(self._running)
+        steps = self._next_event() - self._step
+        room = (self.kv_capacity_tokens - self._kv_used()) // batch
+        if room < 1:
+            self._preempt_newest()
+            return
+        steps = min(steps, room)
+        mean_context = self._kv_used() / batch + steps / 2
+        step_s = self.cost.decode_step_seconds(batch, mean_context)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            await asyncio.wait_for(self._interrupt.wait(), steps * step_s)
+            done = min(steps, math.floor((loop.time() - began) / step_s) + 1)
+            await asyncio.sleep(began + done * step_s - loop.time())  # the step under way
+        except asyncio.TimeoutError:
+            done = steps
+        self._advance(done, batch, step_s)
+
+    def _advance(self, steps: int, batch: int, step_s: float) -> None:
+        self._step += steps
+        self._tokens += steps * batch
+        self._busy += steps * step_s
+        while self._reports and self._reports[0][0] <= self._step:
+            _, sid, seq = heapq.heappop(self._reports)
+            if self._running.get(sid) is seq:
+                seq.out.put_nowait(self._result(seq, "progress"))
+        while self._finishes and self._finishes[0][0] <= self._step:
+            _, sid, seq = heapq.heappop(self._finishes)
+            if self._running.get(sid) is seq:
+                self._stop(sid)
+                done = "length" if seq.target >= seq.request.sampling.max_new_tokens else "stop"
+                self._finish(seq, done)
+
+    def _settle_aborts(self) -> None:
+        if not self._aborted:
+            return
+        for sid, seq in list(self._running.items()):
+            if seq.request.request_id in self._aborted:
+                self._stop(sid)
+                self._finish(seq, "abort")
+        for seq in [s for s in self._waiting if s.request.request_id in self._aborted]:
+            self._waiting.remove(seq)
+            self._finish(seq, "abort")
+        self._aborted.clear()
+
+    def _preempt_newest(self) -> None:
+        sid = max(self._running)
+        seq = self._stop(sid)
+        seq.hosted = self._version
+        self._waiting.insert(0, seq)
+        self.preemptions += 1
+
+    def _stop(self, sid: int) -> _Seq:
+        seq = self._running.pop(sid)
+        seq.tokens = self._step - seq.offset
+        self._context_base -= len(seq.request.prompt_ids) - seq.offset
+        return seq
+
+    # ---- versions ---------------------------------------------------------------------------
+    def _holds_version(self) -> bool:
+        """Whether some request still needs the hosted weights (running, or preempted)."""
+        return bool(self._running) or any(s.hosted is not None for s in self._waiting)
+
+    def _wants_newer(self, seq: _Seq) -> bool:
+        return seq.request.version is None or seq.request.version > self._version
+
+    def _apply_staged(self) -> None:
+        if self._staged is None:
+            return
+        self._version, self._staged = self._staged, None
+        for seq in self._running.values():  # partial rollout: the next tokens are the new one's
+            seq.segments.append((self._version, self._step - seq.offset))
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+    def _next_event(self) -> int:
+        ends = self._finishes[0][0]
+        if self._reports:
+            ends = min(ends, self._reports[0][0])
+        return max(ends, self._step + 1)
+
+    def _kv_used(self) -> int:
+        return self._context_base + len(self._running) * self._step
+
+    def _context(self, seq: _Seq) -> int:
+        return len(seq.request.prompt_ids) + seq.tokens
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        seq.out.put_nowait(self._result(seq, reason))
+
+    def _result(self, seq: _Seq, reason: str) -> GenerationResult:
+        request = seq.request
+        running = self._running.get(seq.order) is seq
+        tokens = self._step - seq.offset if running else seq.tokens
+        new = tokens - len(request.resume_ids)
+        ends = [start for _, start in seq.segments[1:]] + [tokens]
+        versions = Runs.of(request.resume_versions) + Runs(
+            (version, end - start) for (version, start), end in zip(seq.segments, ends))
+        return GenerationResult(
+            request.request_id, request.prompt_ids,
+            Runs.of(request.resume_ids) + Runs([(seq.token, new)]),
+            Runs.of(request.resume_logprobs) + Runs([(0.0, new)]),
+            versions, reason)
+
+
+def default_kv_capacity(cost: CostModel, memory_fraction: float = 0.9) -> int:
+    """Tokens of KV cache that fit beside the weights on the instance's tp devices."""
+    free = cost.accelerator.hbm_bytes * cost.tp * memory_fraction - cost.weights_bytes
+    per_token = cost.model.kv_bytes_per_token(cost.dtype_bytes)
+    if free <= per_token:
+        raise ValueError(f"{cost.model.name} on {cost.tp} × {cost.accelerator.name}: the weights "
+                         f"leave no room for a KV cache; use a larger tp")
+    return int(free // per_token)

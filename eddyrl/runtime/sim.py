@@ -1,0 +1,146 @@
+"""The cluster simulator's runtime: simulated engines on a virtual clock, driven by the same
+`Controller` (and with it the version window, store, orchestrator, replay, router, adaptive
+scheduler) that drives Ray workers in a real run.
+
+`SimRuntime` is the runtime protocol over `SimInferenceEngine`s and a `SimTrainer`: generation,
+training and weight sync take the cost model's time on the loop's clock, which
+`virtual_clock.VirtualTimeLoop` advances from event to event. `simulate(config)` builds a run
+from the config's `sim` section (cluster, model, workload) and its usual RL sections, runs it
+and returns the controller's summary with the simulator's accounting (busy time per role, the
+control plane's CPU time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Callable
+
+from ..config import EddyConfig
+from ..core.controller import Controller, LoopSettings
+from ..core.rewarding import SafeReward
+from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..engines.inference.sim import SimInferenceEngine
+from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
+from ..errors import ConfigError
+from ..scheduler.cost_model import CostModel
+from ..tasks import workload as synthetic
+from .virtual_clock import run_virtual
+
+
+class SimRuntime:
+    def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
+                 weight_sync_s: float) -> None:
+        self.workers = engines
+        self.trainer = trainer
+        self.weight_sync_s = weight_sync_s
+        self.train_busy_s = 0.0
+        self.sync_busy_s = 0.0
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def generate(self, worker: int, requests: list[GenerationRequest]):
+        return self.workers[worker].generate(requests)
+
+    async def abort(self, worker: int, request_ids: list[str]) -> None:
+        await self.workers[worker].abort(request_ids)
+
+    async def train(self, batch: SimBatch, replicas: list[int] | None = None
+                    ) -> dict[str, float]:
+        seconds = self.trainer.step_seconds(batch)
+        self.train_busy_s += seconds
+        await asyncio.sleep(seconds)
+        return {"train_tokens": float(batch.tokens)}
+
+    async def sync_weights(self, version: int) -> list[int]:
+        """One broadcast to every instance at once (each receives its shards over its own
+        link), then each stages or applies the new version."""
+        self.sync_busy_s += self.weight_sync_s
+        await asyncio.sleep(self.weight_sync_s)
+        for engine in self.workers:
+            await engine.load_weights(version)
+        return [engine.version for engine in self.workers]
+
+    async def worker_stats(self) -> list[Any]:
+        return [engine.stats() for engine in self.workers]
+
+    async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
+        for engine in self.workers:
+            engine.configure(max_batch_size=max_batch_size, partial_rollout=partial_rollout)
+        return [engine.version for engine in self.workers]
+
+
+def weight_sync_seconds(config: EddyConfig, rollout_cost: CostModel,
+                        train_cost: CostModel) -> float:
+    """Trainer -> rollout: each rollout device receives its tp shard. Over the NIC or NVLink
+    at the slower end's bandwidth; through host memory (different vendors) it is copied
+    device -> host -> device, two hops over PCIe."""
+    sim = config.sim
+    shard = rollout_cost.weights_bytes / sim.rollout.tp
+    if sim.weight_link == "host":
+        return 2 * rollout_cost.weight_sync_seconds(shard, sim.host_link_bandwidth)
+    pick = (lambda a: a.inter_node_bandwidth) if sim.weight_link == "inter_node" else \
+        (lambda a: a.intra_node_bandwidth)
+    bandwidth = min(pick(rollout_cost.accelerator), pick(train_cost.accelerator))
+    return rollout_cost.weight_sync_seconds(shard, bandwidth)
+
+
+def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None
+          ) -> tuple[Controller, SimRuntime]:
+    """The controller and runtime of a simulated run of `config`."""
+    sim = config.sim
+    if config.elastic.enabled:
+        raise ConfigError("elastic.enabled = True: the simulator does not model the elastic "
+                          "pool yet (worker moves and their cold-start costs)")
+    instances = sim.rollout.groups
+    config = dataclasses.replace(config, rollout=dataclasses.replace(
+        config.rollout, num_workers=instances, max_batch_size=sim.rollout.max_batch_size,
+        max_new_tokens=sim.workload.max_response_tokens))
+    config.validate()
+    workload = synthetic.Workload(sim.workload, config.seed)
+    train_set, eval_set = workload.prompt_sets()
+    rollout_cost = CostModel(sim.rollout.accelerator, sim.model, tp=sim.rollout.tp)
+    train_cost = CostModel(sim.train.accelerator, sim.model, tp=sim.train.tp)
+    engines = [SimInferenceEngine(rollout_cost, length_of=workload.response_tokens,
+                                  correct_of=workload.correct,
+                                  max_batch_size=sim.rollout.max_batch_size,
+                                  partial_rollout=config.rollout.partial_rollout)
+               for _ in range(instances)]
+    runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups),
+                         weight_sync_seconds(config, rollout_cost, train_cost))
+    rollout = config.rollout
+    settings = LoopSettings(
+        loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
+        seed=config.seed, pad_id=0, replay=config.replay, rollout=rollout,
+        elastic=config.elastic, adaptive=config.adaptive, routing=config.routing,
+        trainer_ranks=sim.train.groups, plan_cost=rollout_cost if config.adaptive.enabled
+        else None,
+        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
+                                temperature=rollout.temperature))
+    controller = Controller(runtime, settings, train_set, eval_set, decode=synthetic.decode,
+                            reward=SafeReward(synthetic.reward), log=log,
+                            build_batch=build_sim_batch)
+    return controller, runtime
+
+
+def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None
+             ) -> dict[str, Any]:
+    """Run `config` on the simulated cluster; the controller's summary plus the simulator's
+    accounting."""
+    controller, runtime = build(config, log)
+    cpu_began, wall_began = time.process_time(), time.perf_counter()
+    summary, virtual_s = run_virtual(controller.run())
+    cpu_s, wall_s = time.process_time() - cpu_began, time.perf_counter() - wall_began
+    instances = len(runtime.workers)
+    rollout_busy = sum(engine.stats().busy_seconds for engine in runtime.workers)
+    steps = [m for m in controller.history if m.get("step", 0) > 0]
+    return {**summary, "simulated_s": virtual_s, "wall_s": wall_s, "cpu_s": cpu_s,
+            "rollout_instances": instances, "train_groups": runtime.trainer.dp,
+            "rollout_idle": 1 - rollout_busy / max(virtual_s * instances, 1e-12),
+            "train_idle": 1 - runtime.train_busy_s / max(virtual_s, 1e-12),
+            "preemptions": sum(engine.preemptions for engine in runtime.workers),
+            "cpu_per_step_fraction": cpu_s / max(virtual_s, 1e-12),
+            "step_s_mean": sum(m["step_s"] for m in steps) / max(len(steps), 1),
+            "history": controller.history}

@@ -1,0 +1,57 @@
+"""The `sim` section of the config: the simulated cluster (devices, model, parallelism) and
+workload. The RL settings of a simulated run are the usual sections (loop, algorithm, rollout,
+replay, routing, elastic, adaptive): the simulator runs the same controller on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..tasks.workload import WorkloadConfig
+from ..validation import check_range, contradiction
+
+
+@dataclass(kw_only=True, slots=True)
+class SimRoleConfig:
+    accelerator: str = "H100"  # a cost-model table name (scheduler/hardware.py)
+    devices: int = 8
+    tp: int = 1  # devices per engine instance (rollout) or per data-parallel group (train)
+    max_batch_size: int = 256  # rollout only: sequences one instance decodes together
+
+    def validate(self, prefix: str) -> None:
+        from ..scheduler.hardware import lookup_accelerator
+
+        lookup_accelerator(self.accelerator)
+        check_range(f"{prefix}.devices", self.devices, 1)
+        check_range(f"{prefix}.tp", self.tp, 1)
+        check_range(f"{prefix}.max_batch_size", self.max_batch_size, 1)
+        if self.devices % self.tp:
+            raise contradiction(f"{prefix}.devices = {self.devices} is not a multiple of "
+                                f"{prefix}.tp = {self.tp}")
+
+    @property
+    def groups(self) -> int:
+        return self.devices // self.tp
+
+
+@dataclass(kw_only=True, slots=True)
+class SimConfig:
+    model: str = "Qwen3-4B"  # a cost-model table name
+    rollout: SimRoleConfig = field(default_factory=SimRoleConfig)
+    train: SimRoleConfig = field(default_factory=SimRoleConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    # weights cross to rollout over the NIC (inter_node), NVLink/HCCS (intra_node), or through
+    # host memory when the two roles are different vendors' devices (host: PCIe both ways)
+    weight_link: str = "inter_node"
+    host_link_bandwidth: float = 25e9  # B/s per device, for weight_link = host
+
+    def validate(self, prefix: str) -> None:
+        from ..scheduler.hardware import lookup_model
+        from ..validation import check_choice
+
+        lookup_model(self.model)
+        self.rollout.validate(f"{prefix}.rollout")
+        self.train.validate(f"{prefix}.train")
+        self.workload.validate(f"{prefix}.workload")
+        check_choice(f"{prefix}.weight_link", self.weight_link,
+                     ["inter_node", "intra_node", "host"])
+        check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
