@@ -81,6 +81,79 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario(name: str | None) -> str | None:
+    """A scenario file, or the name of one under configs/sim/."""
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    if name is None or Path(name).exists():
+        return name
+    folder = Path(__file__).resolve().parents[1] / "configs" / "sim"
+    path = folder / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        raise ConfigError(f"no scenario file {name!r} and no {path}; scenarios: {known}")
+    return str(path)
+
+
+def cmd_sim(ns: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runtime.sim import simulate
+    from .ui import console
+
+    path, overrides = _split_config_args(ns.args)
+    config = load_config(_scenario(path), overrides)
+    summary = simulate(config, log=lambda m: console.print(_step_line(m), highlight=False))
+    console.print(f"simulated {summary['simulated_s']:.1f} s in {summary['wall_s']:.2f} s "
+                  f"wall ({summary['rollout_instances']} rollout instances, "
+                  f"{summary['train_groups']} trainer groups): rollout idle "
+                  f"{summary['rollout_idle']:.1%}, trainer idle {summary['train_idle']:.1%}, "
+                  f"control plane {summary['cpu_per_step_fraction']:.2%} of simulated time",
+                  highlight=False)
+    return 0
+
+
+def _step_line(m: dict) -> str:
+    if not m.get("step"):
+        return "step 0 (evaluation)"
+    return (f"step {m['step']}: {m['step_s']:.1f} s (rollout wait {m['rollout_s']:.1f}, train "
+            f"{m['train_s']:.1f}, sync {m['sync_s']:.2f}), {m['tokens_per_s']:.0f} tokens/s, "
+            f"staleness max {m['staleness_max']}")
+
+
+def cmd_bench_sim(ns: argparse.Namespace) -> int:
+    import platform as host
+    from pathlib import Path
+
+    from .runtime.sim_policies import compare
+
+    path, overrides = _split_config_args(ns.args)
+    scenario = _scenario(path)
+    policies = ns.policies.split(",")
+    print(f"# eddy bench sim {scenario} {' '.join(overrides)} on {host.node()} "
+          f"(python {sys.version.split()[0]}); policies {policies}", flush=True)
+    rows = compare(scenario, overrides, policies,
+                   on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True))
+    columns = ["step_s", "tokens_per_s", "speedup", "rollout_idle", "train_idle",
+               "staleness_mean", "staleness_max", "replay_fraction", "migrated",
+               "cpu_per_step_s", "cpu_fraction"]
+    print("| policy | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for policy, values in rows.items():
+        cells = ["-" if values[c] is None else
+                 (f"{values[c]:.3g}" if isinstance(values[c], float) else str(values[c]))
+                 for c in columns]
+        print(f"| {policy} | " + " | ".join(cells) + " |")
+    if ns.out:
+        out = Path(ns.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(
+            {"scenario": scenario, "overrides": overrides, "policies": rows}, indent=2))
+        print(f"# wrote {out / 'results.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
                                      "GPUs, Ascend NPUs and CPUs.")
@@ -113,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sim", help="simulate a cluster run: <scenario> [key=value ...] (a file, "
+                       "or a name under configs/sim/)")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True)
+    p = bench_sub.add_parser("sim", help="policies side by side on a simulated scenario: "
+                             "<scenario> [key=value ...] --policies a,b,...")
+    p.add_argument("args", nargs="*")
+    p.add_argument("--policies", default="sync,one_step,partial,async,multiversion,replay,"
+                   "bucket,all")
+    p.add_argument("--out", default=None, help="folder for results.json")
+    p.set_defaults(func=cmd_bench_sim)
 
     p = sub.add_parser("config", help="inspect configuration")
     config_sub = p.add_subparsers(dest="config_command", required=True)

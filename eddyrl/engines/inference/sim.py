@@ -177,20 +177,23 @@ class SimInferenceEngine(InferenceEngine):
                 self._wants_newer(seq) for seq in self._waiting):
             self._apply_staged()
         prefill, kept = 0.0, []
-        for seq in self._waiting:
+        for index, seq in enumerate(self._waiting):
             need = None if self.partial_rollout else seq.request.version
             if seq.hosted is not None and not self.partial_rollout:
                 need = seq.hosted  # preempted: it must continue on its own version
             if need is not None and need < self._version:
                 self._finish(seq, "refused")
                 continue
-            # room for its context and a step of every sequence, or it would be preempted again
-            fits = self._kv_used() + self._context(seq) + len(self._running) + 1 <= \
-                self.kv_capacity_tokens
-            if (need is not None and need > self._version) or \
-                    len(self._running) >= self.max_batch_size or not fits:
-                kept.append(seq)
+            if need is not None and need > self._version:
+                kept.append(seq)  # waits for the old version to drain; others may pass it
                 continue
+            # first come, first served: once the head does not fit, nothing behind it starts
+            # (room for its context and a step of every sequence, or it would be preempted)
+            if len(self._running) >= self.max_batch_size or \
+                    self._kv_used() + self._context(seq) + len(self._running) + 1 > \
+                    self.kv_capacity_tokens:
+                kept.extend(self._waiting[index:])
+                break
             prefill += self.cost.prefill_seconds(self._context(seq))
             self._start(seq)
         self._waiting = kept
