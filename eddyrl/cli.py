@@ -104,7 +104,8 @@ def cmd_sim(ns: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(ns.args)
     config = load_config(_scenario(path), overrides)
-    summary = simulate(config, log=lambda m: console.print(_step_line(m), highlight=False))
+    summary = simulate(config, log=lambda m: console.print(_step_line(m), highlight=False),
+                       trace_path=ns.trace)
     console.print(f"simulated {summary['simulated_s']:.1f} s in {summary['wall_s']:.2f} s "
                   f"wall ({summary['rollout_instances']} rollout instances, "
                   f"{summary['train_groups']} trainer groups): rollout idle "
@@ -135,7 +136,10 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
           f"(python {sys.version.split()[0]}); policies {policies}", flush=True)
     rows = compare(scenario, overrides, policies,
                    on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True))
-    columns = ["step_s", "tokens_per_s", "speedup", "rollout_idle", "train_idle",
+    print("# steady steps (all but the first, which fills the pipeline); speedup: trained "
+          "samples/s against sync's", flush=True)
+    columns = ["step_s", "tokens_per_s", "samples_per_s", "speedup", "rollout_idle",
+               "train_idle",
                "staleness_mean", "staleness_max", "replay_fraction", "migrated",
                "cpu_per_step_s", "cpu_fraction"]
     print("| policy | " + " | ".join(columns) + " |")
@@ -151,6 +155,13 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
         (out / "results.json").write_text(json.dumps(
             {"scenario": scenario, "overrides": overrides, "policies": rows}, indent=2))
         print(f"# wrote {out / 'results.json'}")
+        try:
+            from .runtime.sim_policies import plot
+
+            plot(rows, str(out / "policies.png"), f"{Path(scenario).stem} (simulated)")
+            print(f"# wrote {out / 'policies.png'}")
+        except ImportError:
+            print("# no policies.png: pip install 'eddyrl[plots]' for matplotlib")
     return 0
 
 
@@ -190,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="simulate a cluster run: <scenario> [key=value ...] (a file, "
                        "or a name under configs/sim/)")
     p.add_argument("args", nargs="*")
+    p.add_argument("--trace", default=None,
+                   help="write every worker's busy intervals here (Perfetto / Chrome trace)")
     p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("bench", help="benchmarks")

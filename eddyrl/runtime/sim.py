@@ -29,14 +29,46 @@ from ..tasks import workload as synthetic
 from .virtual_clock import run_virtual
 
 
+class Timeline:
+    """Busy intervals of every simulated worker, written as a Chrome / Perfetto trace (open it
+    at ui.perfetto.dev): one process per role, one thread per worker; gaps are idle time."""
+
+    ROLES = {"rollout": 1, "train": 2}
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def recorder(self, role: str, worker: int) -> Callable[[str, float, float, dict], None]:
+        def record(name: str, start: float, seconds: float, args: dict) -> None:
+            self.events.append({"name": name, "ph": "X", "pid": self.ROLES[role],
+                                "tid": worker, "ts": start * 1e6, "dur": seconds * 1e6,
+                                "args": args})
+        return record
+
+    def write(self, path: str) -> None:
+        import json
+
+        names = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": role}}
+                 for role, pid in self.ROLES.items()]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms"}, f)
+
+
 class SimRuntime:
     def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
-                 weight_sync_s: float) -> None:
+                 weight_sync_s: float, timeline: Timeline | None = None) -> None:
         self.workers = engines
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
+        self.timeline = timeline
         self.train_busy_s = 0.0
         self.sync_busy_s = 0.0
+        # (time, rollout busy s, train busy s) at the end of every step: idle over any span
+        self.marks: list[tuple[float, float, float]] = []
+
+    def _record(self, name: str, seconds: float, args: dict) -> None:
+        if self.timeline is not None:
+            self.timeline.recorder("train", 0)(name, self.now(), seconds, args)
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -51,6 +83,7 @@ class SimRuntime:
                     ) -> dict[str, float]:
         seconds = self.trainer.step_seconds(batch)
         self.train_busy_s += seconds
+        self._record("train", seconds, {"rows": batch.rows, "tokens": batch.tokens})
         await asyncio.sleep(seconds)
         return {"train_tokens": float(batch.tokens)}
 
@@ -58,10 +91,20 @@ class SimRuntime:
         """One broadcast to every instance at once (each receives its shards over its own
         link), then each stages or applies the new version."""
         self.sync_busy_s += self.weight_sync_s
+        self._record("weight sync", self.weight_sync_s, {"version": version})
         await asyncio.sleep(self.weight_sync_s)
         for engine in self.workers:
             await engine.load_weights(version)
+        self.marks.append((self.now(), sum(e.stats().busy_seconds for e in self.workers),
+                           self.train_busy_s))
         return [engine.version for engine in self.workers]
+
+    def idle_between(self, first: int, last: int) -> tuple[float, float]:
+        """(rollout, train) idle fractions from the end of step `first` to the end of step
+        `last` (1-based)."""
+        (t0, r0, w0), (t1, r1, w1) = self.marks[first - 1], self.marks[last - 1]
+        span = max(t1 - t0, 1e-12)
+        return 1 - (r1 - r0) / (span * len(self.workers)), 1 - (w1 - w0) / span
 
     async def worker_stats(self) -> list[Any]:
         return [engine.stats() for engine in self.workers]
@@ -87,8 +130,8 @@ def weight_sync_seconds(config: EddyConfig, rollout_cost: CostModel,
     return rollout_cost.weight_sync_seconds(shard, bandwidth)
 
 
-def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None
-          ) -> tuple[Controller, SimRuntime]:
+def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None,
+          timeline: Timeline | None = None) -> tuple[Controller, SimRuntime]:
     """The controller and runtime of a simulated run of `config`."""
     sim = config.sim
     if config.elastic.enabled:
@@ -106,10 +149,11 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     engines = [SimInferenceEngine(rollout_cost, length_of=workload.response_tokens,
                                   correct_of=workload.correct,
                                   max_batch_size=sim.rollout.max_batch_size,
-                                  partial_rollout=config.rollout.partial_rollout)
-               for _ in range(instances)]
+                                  partial_rollout=config.rollout.partial_rollout,
+                                  trace=timeline.recorder("rollout", i) if timeline else None)
+               for i in range(instances)]
     runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups),
-                         weight_sync_seconds(config, rollout_cost, train_cost))
+                         weight_sync_seconds(config, rollout_cost, train_cost), timeline)
     rollout = config.rollout
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
@@ -125,21 +169,29 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     return controller, runtime
 
 
-def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None
-             ) -> dict[str, Any]:
+def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None,
+             trace_path: str | None = None) -> dict[str, Any]:
     """Run `config` on the simulated cluster; the controller's summary plus the simulator's
-    accounting."""
-    controller, runtime = build(config, log)
+    accounting. With `trace_path`, every worker's busy intervals go there as a Perfetto /
+    Chrome trace."""
+    timeline = Timeline() if trace_path else None
+    controller, runtime = build(config, log, timeline)
     cpu_began, wall_began = time.process_time(), time.perf_counter()
     summary, virtual_s = run_virtual(controller.run())
     cpu_s, wall_s = time.process_time() - cpu_began, time.perf_counter() - wall_began
     instances = len(runtime.workers)
     rollout_busy = sum(engine.stats().busy_seconds for engine in runtime.workers)
     steps = [m for m in controller.history if m.get("step", 0) > 0]
+    if timeline is not None:
+        timeline.write(trace_path)
+    # steady state: from the end of the first step (the pipeline is full) to the last one's
+    steady = runtime.idle_between(1, len(runtime.marks)) if len(runtime.marks) > 1 else \
+        (None, None)
     return {**summary, "simulated_s": virtual_s, "wall_s": wall_s, "cpu_s": cpu_s,
             "rollout_instances": instances, "train_groups": runtime.trainer.dp,
             "rollout_idle": 1 - rollout_busy / max(virtual_s * instances, 1e-12),
             "train_idle": 1 - runtime.train_busy_s / max(virtual_s, 1e-12),
+            "rollout_idle_steady": steady[0], "train_idle_steady": steady[1],
             "preemptions": sum(engine.preemptions for engine in runtime.workers),
             "cpu_per_step_fraction": cpu_s / max(virtual_s, 1e-12),
             "step_s_mean": sum(m["step_s"] for m in steps) / max(len(steps), 1),

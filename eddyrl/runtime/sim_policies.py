@@ -2,6 +2,14 @@
 overrides over the scenario, and every policy sets every dimension it touches (staleness,
 partial rollout, migration, legacy fill, replay, routing), so a scenario's own choices do not
 leak into the comparison.
+
+- sync: K = 0. one_step: K = 1 (each worker on one version, DORA's consolidation moving old
+  tails off the workers the new version needs, as every run does by default).
+- partial: K = 1 with partial rollout (new weights reach running generations).
+- async: K = 3 with partial rollout (AReaL-style: interruptible generation, bounded staleness).
+- multiversion: K = 3, one version per trajectory, consolidation and legacy fill (DORA).
+- replay: K = 1 with ReFlow's replay (sigma 0.25, tau 0.5). bucket: K = 1 with Libra's router.
+- all: multiversion + replay + bucket.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from typing import Any, Callable
 from ..config import EddyConfig, load_config
 from ..errors import ConfigError
 
-_BASE = ["algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=false",
+_BASE = ["algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
          "rollout.fill_legacy=false", "replay.max_fraction=0", "routing.policy=none",
          "algorithm.max_refill_rounds=0"]
 _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
@@ -38,13 +46,12 @@ POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
     "sync": lambda c: [],
     "one_step": lambda c: ["algorithm.max_staleness=1"],
     "partial": lambda c: ["algorithm.max_staleness=1", "rollout.partial_rollout=true"],
-    "async": lambda c: ["algorithm.max_staleness=3"],
-    "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.migrate=true",
-                               "rollout.fill_legacy=true"],
+    "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true"],
+    "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true"],
     "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
     "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
-    "all": lambda c: ["algorithm.max_staleness=3", "rollout.migrate=true",
-                      "rollout.fill_legacy=true", *_REPLAY, "replay.max_lag=4", *_bucket(c)],
+    "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_REPLAY,
+                      "replay.max_lag=4", *_bucket(c)],
 }
 
 
@@ -67,29 +74,61 @@ def compare(scenario: str | None, overrides: list[str], policies: list[str],
         rows[policy] = row(summary)
         on_done(policy, rows[policy])
     sync = rows.get("sync")
-    for values in rows.values():
-        values["speedup"] = (values["tokens_per_s"] / sync["tokens_per_s"]
-                             if sync and sync["tokens_per_s"] else None)
+    for values in rows.values():  # trained samples per second, against sync's
+        values["speedup"] = (values["samples_per_s"] / sync["samples_per_s"]
+                             if sync and sync["samples_per_s"] else None)
     return rows
 
 
 def row(summary: dict[str, Any]) -> dict[str, Any]:
+    """A policy's numbers over its steady steps: every step but the first, which fills the
+    pipeline (K + 1 batches start at once) and would favour sync in a short run."""
     steps = [m for m in summary["history"] if m.get("step", 0) > 0]
-    # time from the first step's start to the last step's end: the initial evaluation is not
-    # part of the training pipeline's throughput
-    span = sum(m["step_s"] for m in steps)
-    lags = [m["staleness_max"] for m in steps]
+    steady = steps[1:] or steps
+    span = sum(m["step_s"] for m in steady)
     return {
-        "steps": len(steps), "step_s": span / max(len(steps), 1),
-        "tokens_per_s": sum(m["gen_tokens"] for m in steps) / max(span, 1e-12),
-        "samples_per_s": sum(m["samples_trained"] for m in steps) / max(span, 1e-12),
-        "rollout_idle": summary["rollout_idle"], "train_idle": summary["train_idle"],
-        "staleness_mean": sum(m["staleness_mean"] for m in steps) / max(len(steps), 1),
-        "staleness_max": max(lags, default=0),
-        "replay_fraction": sum(m["replay_fraction"] for m in steps) / max(len(steps), 1),
+        "steps": len(steps), "step_s": span / max(len(steady), 1),
+        "tokens_per_s": sum(m["gen_tokens"] for m in steady) / max(span, 1e-12),
+        "samples_per_s": sum(m["samples_trained"] for m in steady) / max(span, 1e-12),
+        # idle over the same steady steps (the whole run's, with its start-up evaluation and
+        # the drain of groups still generating at the end, is in the simulate() summary)
+        "rollout_idle": summary["rollout_idle_steady"], "train_idle": summary["train_idle_steady"],
+        "staleness_mean": sum(m["staleness_mean"] for m in steady) / max(len(steady), 1),
+        "staleness_max": max((m["staleness_max"] for m in steps), default=0),
+        "replay_fraction": sum(m["replay_fraction"] for m in steady) / max(len(steady), 1),
         "migrated": sum(m["migrated_requests"] for m in steps),
         "preemptions": summary["preemptions"],
         "cpu_per_step_s": summary["cpu_s"] / max(len(steps), 1),
         "cpu_fraction": summary["cpu_per_step_fraction"],
         "wall_s": summary["wall_s"],
     }
+
+
+def plot(rows: dict[str, dict[str, Any]], path: str, title: str) -> None:
+    """Speed-up over sync and idle ratio by role, one bar group per policy (needs matplotlib:
+    the `plots` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, (speed, idle) = plt.subplots(1, 2, figsize=(11, 4))
+    speed.bar(names, [rows[n]["speedup"] or 0.0 for n in names], color="tab:blue")
+    speed.axhline(1.0, color="gray", linewidth=0.8)
+    speed.set_ylabel("trained samples/s vs sync")
+    width = 0.4
+    positions = range(len(names))
+    idle.bar([p - width / 2 for p in positions], [rows[n]["rollout_idle"] for n in names],
+             width, label="rollout")
+    idle.bar([p + width / 2 for p in positions], [rows[n]["train_idle"] for n in names],
+             width, label="train")
+    idle.set_xticks(list(positions), names)
+    idle.set_ylabel("idle fraction")
+    idle.legend()
+    for axis in (speed, idle):
+        axis.tick_params(axis="x", rotation=45)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

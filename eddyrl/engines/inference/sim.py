@@ -57,13 +57,17 @@ class SimInferenceEngine(InferenceEngine):
     def __init__(self, cost: CostModel, *, length_of: Callable[[GenerationRequest], int],
                  correct_of: Callable[[GenerationRequest], bool], max_batch_size: int = 256,
                  kv_capacity_tokens: int | None = None, version: int = 0,
-                 partial_rollout: bool = False) -> None:
+                 partial_rollout: bool = False,
+                 trace: Callable[[str, float, float, dict], None] | None = None) -> None:
+        """`trace(name, start_s, seconds, args)`, if given, receives every busy interval
+        (prefill, decode) for a timeline."""
         self.cost = cost
         self.length_of = length_of
         self.correct_of = correct_of
         self.max_batch_size = max_batch_size
         self.kv_capacity_tokens = kv_capacity_tokens or default_kv_capacity(cost)
         self.partial_rollout = partial_rollout
+        self.trace = trace
         self._version = version
         self._staged: int | None = None
         self._waiting: list[_Seq] = []  # preempted ones first, then arrivals in order
@@ -199,6 +203,9 @@ class SimInferenceEngine(InferenceEngine):
         self._waiting = kept
         if prefill:
             self._busy += prefill
+            if self.trace is not None:
+                self.trace("prefill", asyncio.get_running_loop().time(), prefill,
+                           {"running": len(self._running), "version": self._version})
             await asyncio.sleep(prefill)
 
     def _start(self, seq: _Seq) -> None:
@@ -235,6 +242,9 @@ class SimInferenceEngine(InferenceEngine):
             await asyncio.sleep(began + done * step_s - loop.time())  # the step under way
         except asyncio.TimeoutError:
             done = steps
+        if self.trace is not None:
+            self.trace("decode", began, done * step_s,
+                       {"batch": batch, "steps": done, "version": self._version})
         self._advance(done, batch, step_s)
 
     def _advance(self, steps: int, batch: int, step_s: float) -> None:
