@@ -24,6 +24,7 @@ from ..engines.inference.base import GenerationRequest, GenerationResult, Sampli
 from ..engines.inference.sim import SimInferenceEngine
 from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
 from ..errors import ConfigError
+from ..scheduler.buckets import worker_batch_size
 from ..scheduler.cost_model import CostModel
 from ..tasks import workload as synthetic
 from .virtual_clock import run_virtual
@@ -148,7 +149,8 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     train_cost = CostModel(sim.train.accelerator, sim.model, tp=sim.train.tp)
     engines = [SimInferenceEngine(rollout_cost, length_of=workload.response_tokens,
                                   correct_of=workload.correct,
-                                  max_batch_size=sim.rollout.max_batch_size,
+                                  max_batch_size=worker_batch_size(
+                                      config.routing, i, sim.rollout.max_batch_size),
                                   partial_rollout=config.rollout.partial_rollout,
                                   trace=timeline.recorder("rollout", i) if timeline else None)
                for i in range(instances)]

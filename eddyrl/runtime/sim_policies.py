@@ -14,9 +14,12 @@ leak into the comparison.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from ..config import EddyConfig, load_config
+from ..engines.inference.sim import default_kv_capacity
+from ..scheduler.cost_model import CostModel
 from ..errors import ConfigError
 
 _BASE = ["algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
@@ -26,20 +29,33 @@ _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
 
 
 def _bucket(config: EddyConfig) -> list[str]:
-    """Libra's router over the scenario's instances: three quarters in a short bucket sized for
-    twice the mean response, the rest in a long one; milestones at half, one and two means."""
+    """Libra's router over the scenario's instances: a short bucket sized for twice the mean
+    response and a long one, each given instances in proportion to the share of tokens the
+    workload's length distribution puts in it (log-normal: the responses longer than t hold
+    Phi((mu + sigma^2 - ln t) / sigma) of all tokens); milestones at half, one and two means.
+    The simulator gives both buckets the same parallelism."""
     instances, workload = config.sim.rollout.groups, config.sim.workload
     if instances < 2:
         raise ConfigError(f"policy 'bucket' needs at least 2 rollout instances; the scenario "
                           f"has {instances}")
-    short = max(1, min(instances - 1, round(0.75 * instances)))
     mean, longest = workload.mean_response_tokens, workload.max_response_tokens
     short_tokens = min(int(2 * mean), longest - 1)
+    sigma = max(workload.length_sigma, 1e-6)
+    mu = math.log(mean) - sigma ** 2 / 2
+    long_share = 0.5 * math.erfc(-(mu + sigma ** 2 - math.log(short_tokens)) / sigma
+                                 / math.sqrt(2))
+    long = max(1, min(instances - 1, round(instances * long_share)))
+    longer_than_t = 0.5 * math.erfc(-(mu - math.log(short_tokens)) / sigma / math.sqrt(2))
+    expected_long = mean * long_share / max(longer_than_t, 1e-9) + workload.prompt_tokens
+    cost = CostModel(config.sim.rollout.accelerator, config.sim.model, tp=config.sim.rollout.tp)
+    long_batch = max(1, min(config.sim.rollout.max_batch_size,
+                            int(default_kv_capacity(cost) // expected_long)))
     milestones = sorted({max(1, int(mean / 2)), int(mean), int(2 * mean)})
     return ["routing.policy=bucket", f"routing.milestones=[{','.join(map(str, milestones))}]",
             "routing.min_observations=8", "routing.rebuild_every=64",
-            f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, workers: {short}}}, "
-            f"{{name: long, max_tokens: {longest}, workers: {instances - short}}}]"]
+            f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, "
+            f"workers: {instances - long}}}, {{name: long, max_tokens: {longest}, "
+            f"workers: {long}, max_batch_size: {long_batch}}}]"]
 
 
 POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {

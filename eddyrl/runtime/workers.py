@@ -16,7 +16,7 @@ from ..engines.inference.base import GenerationRequest, GenerationResult
 from ..engines.registry import load_engine_class
 from ..engines.training.replica import GradientReplica
 from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
-from ..scheduler.buckets import bucket_of_worker
+from ..scheduler.buckets import worker_batch_size
 from .placement import role_platform_name
 
 
@@ -25,17 +25,6 @@ def _prepare_process(config: EddyConfig) -> None:
 
     hf_logging.disable_progress_bar()  # per-load bars from every worker drown the run's output
     torch.set_num_threads(config.cluster.threads_per_worker or os.cpu_count() or 1)
-
-
-def worker_batch_size(config: EddyConfig, index: int) -> int:
-    """Sequences rollout worker `index` decodes together: its bucket's setting, if routing
-    gives it one (e.g. wide batches for short requests, narrow ones for long), else the
-    rollout section's."""
-    if config.routing.policy != "none":
-        size = bucket_of_worker(config.routing, index).max_batch_size
-        if size is not None:
-            return size
-    return config.rollout.max_batch_size
 
 
 class RolloutWorker:
@@ -53,7 +42,8 @@ class RolloutWorker:
         os.environ.update(self.platform.inference_engine_env())
         engine_cls = load_engine_class("rollout", config.rollout.engine)
         self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
-                                 max_batch_size=worker_batch_size(config, index),
+                                 max_batch_size=worker_batch_size(
+                                     config.routing, index, config.rollout.max_batch_size),
                                  partial_rollout=config.rollout.partial_rollout)
         self.channel: WeightChannel | None = None
 

@@ -48,7 +48,8 @@ from .prefix_tree import (Milestone, NodeStats, Prediction, PrefixTrees, State, 
 
 __all__ = ["BucketRouter", "BucketSpec", "Milestone", "Move", "NodeStats", "Placement",
            "Prediction", "PrefixTrees", "RoutingConfig", "RoutingError", "RoutingStats",
-           "ToolState", "bucket_instances", "bucket_of_worker", "milestone_state", "p90"]
+           "ToolState", "bucket_instances", "bucket_of_worker", "milestone_state", "p90",
+           "worker_batch_size"]
 
 POLICIES = ("none", "bucket", "round_robin", "least_load", "fifo")  # none: no router in a run
 
@@ -127,6 +128,16 @@ def bucket_of_worker(config: RoutingConfig, worker: int) -> BucketSpec:
         if worker in ids:
             return spec
     raise ValueError(f"worker {worker} is in no bucket of {bucket_instances(config)}")
+
+
+def worker_batch_size(config: RoutingConfig, worker: int, default: int) -> int:
+    """Sequences rollout worker `worker` decodes together: its bucket's setting, if routing
+    gives it one (e.g. wide batches for short requests, narrow ones for long), else `default`."""
+    if config.policy != "none":
+        size = bucket_of_worker(config, worker).max_batch_size
+        if size is not None:
+            return size
+    return default
 
 
 def _check_rising(key: str, values: list[int]) -> None:

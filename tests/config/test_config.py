@@ -136,8 +136,7 @@ def test_routing_is_off_by_default_and_a_bucket_layout_loads():
     config = load_config(overrides=[
         "rollout.num_workers=3", "routing.policy=bucket",
         "routing.buckets=[{name: s, max_tokens: 8, workers: 2}, {name: l, max_tokens: 24}]"])
-    from eddyrl.runtime.workers import worker_batch_size
-    from eddyrl.scheduler.buckets import bucket_instances
+    from eddyrl.scheduler.buckets import bucket_instances, worker_batch_size
 
     assert bucket_instances(config.routing) == {"s": [0, 1], "l": [2]}
-    assert [worker_batch_size(config, w) for w in range(3)] == [256] * 3
+    assert [worker_batch_size(config.routing, w, 256) for w in range(3)] == [256] * 3
