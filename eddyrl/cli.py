@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "<scenario> [key=value ...] --policies a,b,...")
     p.add_argument("args", nargs="*")
     p.add_argument("--policies", default="sync,one_step,partial,async,multiversion,replay,"
-                   "bucket,all")
+                   "bucket,elastic,all")
     p.add_argument("--out", default=None, help="folder for results.json")
     p.set_defaults(func=cmd_bench_sim)
 

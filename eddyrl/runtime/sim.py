@@ -23,7 +23,6 @@ from ..core.rewarding import SafeReward
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..engines.inference.sim import SimInferenceEngine
 from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
-from ..errors import ConfigError
 from ..scheduler.buckets import worker_batch_size
 from ..scheduler.cost_model import CostModel
 from ..tasks import workload as synthetic
@@ -57,11 +56,17 @@ class Timeline:
 
 class SimRuntime:
     def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
-                 weight_sync_s: float, timeline: Timeline | None = None) -> None:
+                 weight_sync_s: float, timeline: Timeline | None = None, *,
+                 move_s: float = 0.0, replica_groups: float = 1.0) -> None:
+        """`move_s`: a worker's cold start when it changes role; `replica_groups`: data-parallel
+        groups a rollout worker adds to training when it joins (its devices / the trainer's tp)."""
         self.workers = engines
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
         self.timeline = timeline
+        self.move_s = move_s
+        self.replica_groups = replica_groups
+        self.replicas: dict[int, int] = {}  # joined worker -> its weights' version (-1: none)
         self.train_busy_s = 0.0
         self.sync_busy_s = 0.0
         # (time, rollout busy s, train busy s) at the end of every step: idle over any span
@@ -82,11 +87,12 @@ class SimRuntime:
 
     async def train(self, batch: SimBatch, replicas: list[int] | None = None
                     ) -> dict[str, float]:
-        seconds = self.trainer.step_seconds(batch)
+        seconds = self.trainer.step_seconds(
+            batch, extra_dp=len(replicas or []) * self.replica_groups)
         self.train_busy_s += seconds
         self._record("train", seconds, {"rows": batch.rows, "tokens": batch.tokens})
         await asyncio.sleep(seconds)
-        return {"train_tokens": float(batch.tokens)}
+        return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas or [])}
 
     async def sync_weights(self, version: int) -> list[int]:
         """One broadcast to every instance at once (each receives its shards over its own
@@ -94,8 +100,11 @@ class SimRuntime:
         self.sync_busy_s += self.weight_sync_s
         self._record("weight sync", self.weight_sync_s, {"version": version})
         await asyncio.sleep(self.weight_sync_s)
-        for engine in self.workers:
-            await engine.load_weights(version)
+        for index, engine in enumerate(self.workers):
+            if index in self.replicas:
+                self.replicas[index] = version  # a joined replica fetches its state here
+            else:
+                await engine.load_weights(version)
         self.marks.append((self.now(), sum(e.stats().busy_seconds for e in self.workers),
                            self.train_busy_s))
         return [engine.version for engine in self.workers]
@@ -109,6 +118,26 @@ class SimRuntime:
 
     async def worker_stats(self) -> list[Any]:
         return [engine.stats() for engine in self.workers]
+
+    # ---- the elastic pool: a rollout worker lent to training and given back -------------------
+    async def join_training(self, worker: int) -> None:
+        engine = self.workers[worker]
+        await engine.wait_idle()  # evacuated requests leave at the engine's next step
+        await engine.sleep()
+        await asyncio.sleep(self.move_s)  # memory released, replica built
+        self.replicas[worker] = -1  # weights come with the next sync
+
+    async def replica_version(self, worker: int) -> int:
+        return self.replicas.get(worker, -1)
+
+    async def leave_training(self, worker: int) -> int:
+        version = self.replicas.pop(worker, -1)
+        engine = self.workers[worker]
+        await asyncio.sleep(self.move_s)  # replica freed, engine woken, weights loaded
+        await engine.wake()
+        if version > engine.version:
+            await engine.load_weights(version)
+        return engine.version
 
     async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
         for engine in self.workers:
@@ -135,9 +164,6 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
           timeline: Timeline | None = None) -> tuple[Controller, SimRuntime]:
     """The controller and runtime of a simulated run of `config`."""
     sim = config.sim
-    if config.elastic.enabled:
-        raise ConfigError("elastic.enabled = True: the simulator does not model the elastic "
-                          "pool yet (worker moves and their cold-start costs)")
     instances = sim.rollout.groups
     config = dataclasses.replace(config, rollout=dataclasses.replace(
         config.rollout, num_workers=instances, max_batch_size=sim.rollout.max_batch_size,
@@ -154,8 +180,11 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
                                   partial_rollout=config.rollout.partial_rollout,
                                   trace=timeline.recorder("rollout", i) if timeline else None)
                for i in range(instances)]
+    move_s = sim.move_setup_s + rollout_cost.weight_sync_seconds(
+        rollout_cost.weights_bytes / sim.rollout.tp, rollout_cost.accelerator.intra_node_bandwidth)
     runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups),
-                         weight_sync_seconds(config, rollout_cost, train_cost), timeline)
+                         weight_sync_seconds(config, rollout_cost, train_cost), timeline,
+                         move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp)
     rollout = config.rollout
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,

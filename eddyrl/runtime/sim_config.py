@@ -43,6 +43,9 @@ class SimConfig:
     # host memory when the two roles are different vendors' devices (host: PCIe both ways)
     weight_link: str = "inter_node"
     host_link_bandwidth: float = 25e9  # B/s per device, for weight_link = host
+    # elastic pool: a worker changing role pays a cold start each way: this fixed set-up
+    # (memory release, process group, allocator warm-up) plus loading its weight shard
+    move_setup_s: float = 10.0
 
     def validate(self, prefix: str) -> None:
         from ..scheduler.hardware import lookup_model
@@ -55,3 +58,4 @@ class SimConfig:
         check_choice(f"{prefix}.weight_link", self.weight_link,
                      ["inter_node", "intra_node", "host"])
         check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
+        check_range(f"{prefix}.move_setup_s", self.move_setup_s, 0)

@@ -9,6 +9,8 @@ leak into the comparison.
 - async: K = 3 with partial rollout (AReaL-style: interruptible generation, bounded staleness).
 - multiversion: K = 3, one version per trajectory, consolidation and legacy fill (DORA).
 - replay: K = 1 with ReFlow's replay (sigma 0.25, tau 0.5). bucket: K = 1 with Libra's router.
+- elastic: K = 1 with the elastic pool and the adaptive scheduler (workers lent to training
+  when training is the bottleneck, each move paying the scenario's cold start).
 - all: multiversion + replay + bucket.
 """
 
@@ -22,7 +24,7 @@ from ..engines.inference.sim import default_kv_capacity
 from ..scheduler.cost_model import CostModel
 from ..errors import ConfigError
 
-_BASE = ["algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
+_BASE = ["elastic.enabled=false", "adaptive.enabled=false", "algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
          "rollout.fill_legacy=false", "replay.max_fraction=0", "routing.policy=none",
          "algorithm.max_refill_rounds=0"]
 _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
@@ -66,6 +68,9 @@ POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
     "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true"],
     "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
     "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
+    "elastic": lambda c: ["algorithm.max_staleness=1", "elastic.enabled=true",
+                          "adaptive.enabled=true", "adaptive.window=2",
+                          "adaptive.cooldown_steps=2"],
     "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_REPLAY,
                       "replay.max_lag=4", *_bucket(c)],
 }

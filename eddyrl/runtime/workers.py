@@ -102,9 +102,7 @@ class RolloutWorker:
         """Sleep the engine (its device memory goes to the replica) and build the replica; it
         gets the trainer's weights with the next weight sync (`replica_version` then says
         which)."""
-        if self.engine.stats().running:
-            raise RuntimeError("join_training on a worker with running requests; evacuate "
-                               "them first")
+        await self.engine.wait_idle()  # evacuated requests leave at the engine's next step
         await self.engine.sleep()
         self.replica = await asyncio.to_thread(
             GradientReplica, self.model_path, self.platform,

@@ -75,3 +75,26 @@ def test_the_simulator_drives_the_classes_a_ray_run_uses():
     assert type(sim_controller.rollout.router) is buckets.BucketRouter
     # `eddy train` (Ray) and `eddy sim` build their controller from the same class
     assert real_launch.Controller is sim_runtime.Controller is controller.Controller
+
+
+def test_the_elastic_pool_and_adaptive_scheduler_run_in_the_simulator():
+    """A training-bound cluster (4 rollout devices, 1 training device): the adaptive scheduler
+    borrows a rollout worker, which pays its cold start, joins as a replica (training steps get
+    shorter) and is given back when the ratio turns; C3 and the ledger hold."""
+    config = load_config("configs/sim/reflow_8.yaml", [
+        "sim.rollout.devices=4", "sim.train.devices=1", "algorithm.max_staleness=1",
+        "elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
+        "adaptive.cooldown_steps=2", "loop.steps=10", "loop.batch_prompts=32",
+        "sim.workload.max_response_tokens=8000", "sim.workload.eval_prompts=4"])
+    summary = simulate(config)
+    events = summary["elastic"]["events"]
+    assert not [e for e in events if e.get("failed") or e.get("refused")]
+    assert any(e.get("decision") == "borrow" for e in events)
+    states = [t["to_state"] for t in summary["elastic"]["timeline"]]
+    assert {"fetching_state", "zero_sync", "activating", "active"} <= set(states)
+    steps = summary["history"][1:]
+    joined = [m["train_s"] for m in steps if m["replicas_joined"]]
+    alone = [m["train_s"] for m in steps[1:] if not m["replicas_joined"]]
+    assert joined and max(joined) < min(alone)  # a replica's devices shorten the step
+    assert max(m["staleness_max"] for m in steps) <= 1
+    assert summary["ledger"]["generating"] == 0 and summary["ledger"]["queued"] == 0

@@ -4,6 +4,7 @@ generated token, its log-probability and the policy version that produced it."""
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterable
 
@@ -114,6 +115,15 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         ...
+
+    async def wait_idle(self, poll_s: float = 0.01) -> None:
+        """Return once no request runs or waits here: requests aborted to move elsewhere leave
+        at the engine's next step, after the caller's books already show them gone."""
+        while True:
+            stats = self.stats()
+            if not stats.running and not stats.waiting:
+                return
+            await asyncio.sleep(poll_s)
 
     def configure(self, *, max_batch_size: int | None = None,
                   partial_rollout: bool | None = None) -> None:

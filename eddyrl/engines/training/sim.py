@@ -34,6 +34,7 @@ class SimTrainer:
     cost: CostModel  # with the trainer's tp
     dp: int
 
-    def step_seconds(self, batch: SimBatch, extra_dp: int = 0) -> float:
+    def step_seconds(self, batch: SimBatch, extra_dp: float = 0.0) -> float:
+        """Joined elastic replicas add `extra_dp` (possibly fractional) data-parallel groups."""
         return self.cost.train_step_seconds(batch.tokens, dp=self.dp + extra_dp,
                                             sequence_length=round(batch.mean_length))
