@@ -171,8 +171,9 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     config.validate()
     workload = synthetic.Workload(sim.workload, config.seed)
     train_set, eval_set = workload.prompt_sets()
-    rollout_cost = CostModel(sim.rollout.accelerator, sim.model, tp=sim.rollout.tp)
-    train_cost = CostModel(sim.train.accelerator, sim.model, tp=sim.train.tp)
+    efficiency = sim.efficiency_factors()
+    rollout_cost = CostModel(sim.rollout.accelerator, sim.model, efficiency, tp=sim.rollout.tp)
+    train_cost = CostModel(sim.train.accelerator, sim.model, efficiency, tp=sim.train.tp)
     engines = [SimInferenceEngine(rollout_cost, length_of=workload.response_tokens,
                                   correct_of=workload.correct,
                                   max_batch_size=worker_batch_size(

@@ -34,6 +34,16 @@ class SimRoleConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class SimEfficiency:
+    """Overrides of scheduler/cost_model.py `Efficiency` (each in (0, 1])."""
+
+    prefill_mfu: float | None = None
+    decode_bandwidth_efficiency: float | None = None
+    train_mfu: float | None = None
+    comm_efficiency: float | None = None
+
+
+@dataclass(kw_only=True, slots=True)
 class SimConfig:
     model: str = "Qwen3-4B"  # a cost-model table name
     rollout: SimRoleConfig = field(default_factory=SimRoleConfig)
@@ -46,6 +56,8 @@ class SimConfig:
     # elastic pool: a worker changing role pays a cold start each way: this fixed set-up
     # (memory release, process group, allocator warm-up) plus loading its weight shard
     move_setup_s: float = 10.0
+    # the cost model's efficiency factors where a scenario is calibrated (None: the default)
+    efficiency: SimEfficiency = field(default_factory=lambda: SimEfficiency())
 
     def validate(self, prefix: str) -> None:
         from ..scheduler.hardware import lookup_model
@@ -59,3 +71,16 @@ class SimConfig:
                      ["inter_node", "intra_node", "host"])
         check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
         check_range(f"{prefix}.move_setup_s", self.move_setup_s, 0)
+        self.efficiency_factors()  # out-of-range values are named
+
+    def efficiency_factors(self):
+        """The Efficiency the simulated devices run at, or None for the model's defaults."""
+        from dataclasses import fields, replace
+
+        from ..scheduler.cost_model import Efficiency
+
+        chosen = {f.name: getattr(self.efficiency, f.name) for f in fields(self.efficiency)
+                  if getattr(self.efficiency, f.name) is not None}
+        for name, value in chosen.items():
+            check_range(f"sim.efficiency.{name}", value, 0, 1, lo_open=True)
+        return replace(Efficiency(), **chosen) if chosen else None

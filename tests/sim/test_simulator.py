@@ -98,3 +98,17 @@ def test_the_elastic_pool_and_adaptive_scheduler_run_in_the_simulator():
     assert joined and max(joined) < min(alone)  # a replica's devices shorten the step
     assert max(m["staleness_max"] for m in steps) <= 1
     assert summary["ledger"]["generating"] == 0 and summary["ledger"]["queued"] == 0
+
+
+def test_calibrated_efficiency_factors_reach_the_cost_model():
+    base = [*SMALL, "sim.rollout.devices=1", "sim.train.devices=1", "loop.steps=1",
+            "loop.batch_prompts=1", "rollout.n_samples=2", "sim.workload.length_sigma=0",
+            "sim.workload.mean_response_tokens=1000", "sim.workload.max_response_tokens=4000"]
+    default = simulate(load_config(overrides=base))["history"][1]
+    slower = simulate(load_config(overrides=[
+        *base, "sim.efficiency.decode_bandwidth_efficiency=0.335"]))["history"][1]
+    # decode is memory-bound here: half the bandwidth efficiency, about twice the decode time
+    assert slower["rollout_s"] == pytest.approx(2 * default["rollout_s"], rel=0.02)
+    assert slower["train_s"] == pytest.approx(default["train_s"])
+    with pytest.raises(Exception, match="sim.efficiency.train_mfu"):
+        load_config(overrides=["sim.efficiency.train_mfu=1.5"])
