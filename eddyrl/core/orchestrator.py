@@ -25,6 +25,7 @@ on the newest weights staged by the time it starts, which `published` mirrors.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 
@@ -124,10 +125,12 @@ class VersionOrchestrator:
 
     def plan(self, new_requests: int = 0) -> list[Migration]:
         """Migrations that bring each legacy version down to its share of workers (the hosts
-        with the most of its requests keep it, the others move theirs to the least loaded of
-        those), and that evacuate workers lent to training, where another worker hosts the
-        version of their requests (else those finish where they are)."""
+        with the most of its requests keep it; the others' requests are spread over those,
+        least loaded first, counting the moves already planned), and that evacuate workers
+        lent to training, where another worker hosts the version of their requests (else
+        those finish where they are)."""
         targets = self.targets(new_requests)
+        load = [sum(pending.values()) for pending in self.pending]  # as planned so far
         moves: list[Migration] = []
         for version in sorted({v for pending in self.pending for v in pending}):
             hosts = sorted((w for w in range(self.num_workers) if self.pending[w][version]),
@@ -145,8 +148,9 @@ class VersionOrchestrator:
                 staying = version == self.latest and self.available[source]
                 if source in keep or staying or not keep:
                     continue
-                target = min(keep, key=lambda w: (sum(self.pending[w].values()), w))
-                moves.append(Migration(source, target, version, self.pending[source][version]))
+                load[source] -= self.pending[source][version]
+                for target, count in _spread(self.pending[source][version], keep, load):
+                    moves.append(Migration(source, target, version, count))
         return moves
 
     def moved(self, source: int, target: int, version: int, count: int = 1) -> None:
@@ -207,3 +211,18 @@ class VersionOrchestrator:
 
     def _legacy_pending(self, worker: int) -> int:
         return sum(n for v, n in self.pending[worker].items() if v < self.latest)
+
+
+def _spread(count: int, workers: list[int], load: list[int]) -> list[tuple[int, int]]:
+    """Split `count` requests over `workers` so that their loads end as even as possible
+    (water-filling, least loaded first); updates `load`. Returns (worker, count) pairs."""
+    heap = [(load[w], w) for w in workers]
+    heapq.heapify(heap)
+    shares: dict[int, int] = {}
+    for _ in range(count):
+        current, worker = heapq.heappop(heap)
+        shares[worker] = shares.get(worker, 0) + 1
+        heapq.heappush(heap, (current + 1, worker))
+    for worker, share in shares.items():
+        load[worker] += share
+    return sorted(shares.items())

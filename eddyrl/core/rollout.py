@@ -272,7 +272,7 @@ class StreamingRollout:
                 continue  # consolidation off; evacuating a lent worker is still needed
             ids = [rid for rid, r in self._requests.items()
                    if r.worker == move.source and r.version == move.version
-                   and r.moving_to is None]
+                   and r.moving_to is None][:move.count]
             if not ids:
                 continue
             self.orchestrator.moved(move.source, move.target, move.version, len(ids))

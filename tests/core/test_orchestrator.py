@@ -198,3 +198,20 @@ def test_partial_rollout_counts_running_work_as_the_latest_version():
     orch.moved(0, 1, 1)  # now a move between workers passes the C1 check
     orch.finished(1, 1)
     assert sum(orch.pending[0].values()) == 2
+
+
+def test_evacuated_requests_are_spread_over_the_keepers_not_dumped_on_one():
+    """Three evacuated workers' requests go to the keepers least loaded first, counting the
+    moves already planned: without that every source picked the same least-loaded keeper
+    (seen in the simulator: one worker left with thousands of queued requests)."""
+    orch = VersionOrchestrator(num_workers=6, slots_per_worker=8)
+    for worker, count in enumerate([30, 30, 10, 10, 10, 0]):
+        orch.dispatched(worker, 0, count)
+    orch.published(1, [0, 0, 0, 0, 0, 1])
+    moves = orch.plan(new_requests=160)  # 6 * 80 / 240: version 0 keeps its 2 largest hosts
+    assert {m.target for m in moves} == {0, 1}
+    landed = {0: 30, 1: 30}
+    for m in moves:
+        landed[m.target] += m.count
+    assert landed == {0: 45, 1: 45}  # 30 evacuated requests split evenly
+    assert sum(m.count for m in moves) == 30
