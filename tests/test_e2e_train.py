@@ -176,7 +176,11 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
     for state in ("requested", "fetching_state", "zero_sync", "activating", "active",
                   "releasing", "loading_weights", "rollout"):
         assert (1, state) in moves, state
-    assert steps[-1].get("elastic_states", {}).get("1") in (None, "rollout")
+    # back in rollout at the end, unless the adaptive scheduler (on here) borrowed it again
+    # after the scheduled leave, which timing decides
+    reborrowed = any(e.get("decision") == "borrow" and e["step"] > 7
+                     for e in summary["elastic"]["events"])
+    assert steps[-1].get("elastic_states", {}).get("1") in (None, "rollout") or reborrowed
     assert max(m["staleness_max"] for m in steps) <= 1  # C3
     ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
     counts = ledger.fresh_train_counts_by_prompt(0)
