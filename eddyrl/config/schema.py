@@ -12,7 +12,7 @@ from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
 from ..runtime.sim_config import SimConfig
 from ..scheduler.adaptive import AdaptiveConfig
-from ..scheduler.buckets import RoutingConfig
+from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
 from ..validation import check_range, contradiction

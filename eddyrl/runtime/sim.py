@@ -63,7 +63,7 @@ class SimRuntime:
         self.workers = engines
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
-        self.timeline = timeline
+        self._trace_train = timeline.recorder("train", 0) if timeline is not None else None
         self.move_s = move_s
         self.replica_groups = replica_groups
         self.replicas: dict[int, int] = {}  # joined worker -> its weights' version (-1: none)
@@ -73,8 +73,8 @@ class SimRuntime:
         self.marks: list[tuple[float, float, float]] = []
 
     def _record(self, name: str, seconds: float, args: dict) -> None:
-        if self.timeline is not None:
-            self.timeline.recorder("train", 0)(name, self.now(), seconds, args)
+        if self._trace_train is not None:
+            self._trace_train(name, self.now(), seconds, args)
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()

@@ -8,7 +8,8 @@ payload size class, status), and a request's path of states keys a prefix tree w
 the remaining output tokens observed after reaching them (last `window` requests; mean and P90
 refreshed every `rebuild_every` finished requests). There is one tree per prompt and a global
 one. Single-turn generation uses generated-length milestones as states instead (`Milestone`),
-which makes the router a multi-level feedback queue.
+which makes the router a multi-level feedback queue. The config and the worker -> bucket
+assignment are `routing_config.py` (re-exported here).
 
 New requests start in the smallest bucket. At each state the router takes the deepest node on
 the request's path with at least `min_observations` (at equal depth the prompt tree wins over the
@@ -42,110 +43,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from ..errors import ConfigError
-from ..validation import check_choice, check_range, contradiction
 from .prefix_tree import (Milestone, NodeStats, Prediction, PrefixTrees, State, ToolState,
                           milestone_state, p90)
+from .routing_config import (BucketSpec, RoutingConfig, bucket_instances, bucket_of_worker,
+                             consecutive, worker_batch_size)
 
 __all__ = ["BucketRouter", "BucketSpec", "Milestone", "Move", "NodeStats", "Placement",
            "Prediction", "PrefixTrees", "RoutingConfig", "RoutingError", "RoutingStats",
            "ToolState", "bucket_instances", "bucket_of_worker", "milestone_state", "p90",
            "worker_batch_size"]
-
-POLICIES = ("none", "bucket", "round_robin", "least_load", "fifo")  # none: no router in a run
-
-
-@dataclass(frozen=True, slots=True)
-class BucketSpec:
-    name: str
-    max_tokens: int  # largest total output a request in this bucket is expected to need
-    parallelism: int = 1  # tensor-parallel degree of each instance (the cost model's TP)
-    workers: int = 1  # rollout workers (instances) in this bucket, in config order
-    max_batch_size: int | None = None  # sequences each decodes together (None: rollout's)
-
-
-def _default_buckets() -> list[BucketSpec]:
-    return [BucketSpec("short", 3000, 2), BucketSpec("medium", 6000, 2),
-            BucketSpec("long", 32768, 4)]
-
-
-@dataclass(kw_only=True, slots=True)
-class RoutingConfig:
-    # none: the version orchestrator alone places requests (least loaded); bucket: Libra;
-    # round_robin, least_load, fifo: baselines of the same router, for comparison
-    policy: str = "none"
-    buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising
-    window: int = 200  # observations each tree node keeps
-    rebuild_every: int = 100  # finished requests between refreshes of the node statistics
-    min_observations: int = 8  # a node is trusted from this many observations on
-    milestones: list[int] = field(default_factory=lambda: [256, 1024, 4096])  # single-turn
-    payload_bytes: list[int] = field(default_factory=lambda: [1024, 16384])  # medium, large from
-
-    def validate(self, prefix: str) -> None:
-        check_choice(f"{prefix}.policy", self.policy, POLICIES)
-        check_range(f"{prefix}.window", self.window, 1)
-        check_range(f"{prefix}.rebuild_every", self.rebuild_every, 1)
-        check_range(f"{prefix}.min_observations", self.min_observations, 1)
-        if self.min_observations > self.window:
-            raise contradiction(
-                f"{prefix}.min_observations = {self.min_observations} exceeds {prefix}.window "
-                f"= {self.window}: no node could ever be trusted. Lower min_observations")
-        if not self.buckets:
-            raise ConfigError(f"config key '{prefix}.buckets' is empty; give at least one "
-                              f"bucket (name, max_tokens, parallelism)")
-        for i, spec in enumerate(self.buckets):
-            if not spec.name:
-                raise ConfigError(f"config key '{prefix}.buckets[{i}].name' is empty")
-            check_range(f"{prefix}.buckets[{i}].max_tokens", spec.max_tokens, 1)
-            check_range(f"{prefix}.buckets[{i}].parallelism", spec.parallelism, 1)
-            check_range(f"{prefix}.buckets[{i}].workers", spec.workers, 1)
-            if spec.max_batch_size is not None:
-                check_range(f"{prefix}.buckets[{i}].max_batch_size", spec.max_batch_size, 1)
-        names = [spec.name for spec in self.buckets]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise contradiction(f"{prefix}.buckets repeats the name(s) {repeated}; "
-                                f"each bucket needs its own name")
-        limits = [spec.max_tokens for spec in self.buckets]
-        if any(a >= b for a, b in itertools.pairwise(limits)):
-            raise contradiction(f"{prefix}.buckets max_tokens = {limits} must rise strictly: "
-                                f"the router picks the first bucket that fits")
-        _check_rising(f"{prefix}.milestones", self.milestones)
-        _check_rising(f"{prefix}.payload_bytes", self.payload_bytes)
-        if len(self.payload_bytes) != 2:
-            raise ConfigError(f"config key '{prefix}.payload_bytes' = {self.payload_bytes} needs "
-                              f"exactly 2 thresholds: where medium and large payloads start")
-
-
-def bucket_instances(config: RoutingConfig) -> dict[str, list[int]]:
-    """Worker ids per bucket: the buckets take consecutive workers in config order."""
-    offsets = itertools.accumulate([spec.workers for spec in config.buckets], initial=0)
-    return {spec.name: list(range(start, start + spec.workers))
-            for spec, start in zip(config.buckets, offsets)}
-
-
-def bucket_of_worker(config: RoutingConfig, worker: int) -> BucketSpec:
-    for spec, ids in zip(config.buckets, bucket_instances(config).values()):
-        if worker in ids:
-            return spec
-    raise ValueError(f"worker {worker} is in no bucket of {bucket_instances(config)}")
-
-
-def worker_batch_size(config: RoutingConfig, worker: int, default: int) -> int:
-    """Sequences rollout worker `worker` decodes together: its bucket's setting, if routing
-    gives it one (e.g. wide batches for short requests, narrow ones for long), else `default`."""
-    if config.policy != "none":
-        size = bucket_of_worker(config, worker).max_batch_size
-        if size is not None:
-            return size
-    return default
-
-
-def _check_rising(key: str, values: list[int]) -> None:
-    for i, value in enumerate(values):
-        check_range(f"{key}[{i}]", value, 1)
-    if any(a >= b for a, b in itertools.pairwise(values)):
-        raise ConfigError(f"config key {key!r} = {values} must rise strictly")
-
 
 # -- states ------------------------------------------------------------------------------------
 
@@ -206,10 +112,8 @@ class BucketRouter:
         self.trees = PrefixTrees(config.window, config.rebuild_every, config.min_observations)
         self.specs = {spec.name: spec for spec in config.buckets}
         self._check_instances(instances)
-        self.instances = {name: list(instances[name]) for name in self.specs}
-        self._bucket_of = {i: name for name, ids in self.instances.items() for i in ids}
+        self._use({name: list(instances[name]) for name in self.specs})
         self._connections = dict.fromkeys(self._bucket_of, 0)
-        self._round_robin = itertools.cycle(list(self._bucket_of))
         self.recompute_seconds = recompute_seconds
         self.carry_kv_seconds = carry_kv_seconds
         self.carry_kv_instances = frozenset(carry_kv_instances)
@@ -249,12 +153,7 @@ class BucketRouter:
             raise RoutingError(f"layout {list(layout)} must give each of the "
                                f"{len(self.config.buckets)} buckets at least one of the "
                                f"{len(self._bucket_of)} instances, all of them in all")
-        ordered = sorted(self._bucket_of)
-        offsets = itertools.accumulate(layout, initial=0)
-        self.instances = {spec.name: ordered[start:start + count]
-                          for spec, start, count in zip(self.config.buckets, offsets, layout)}
-        self._bucket_of = {i: name for name, ids in self.instances.items() for i in ids}
-        self._round_robin = itertools.cycle(list(self._bucket_of))
+        self._use(consecutive(list(self.specs), layout, sorted(self._bucket_of)))
         for request in self._requests.values():
             instance = request.placement.instance
             request.placement = Placement(self._bucket_of[instance], instance)
@@ -375,6 +274,12 @@ class BucketRouter:
         src, dst = self.specs[source.bucket], self.specs[target.bucket]
         carry = self.carry_kv_seconds(tokens, src, dst)
         return "carry_kv" if carry < self.recompute_seconds(tokens, src, dst) else "recompute"
+
+    def _use(self, instances: dict[str, list[int]]) -> None:
+        """Instances per bucket, and what follows from them."""
+        self.instances = instances
+        self._bucket_of = {i: name for name, ids in instances.items() for i in ids}
+        self._round_robin = itertools.cycle(list(self._bucket_of))
 
     def _least_connected(self, bucket: str, candidates: Collection[int]) -> int:
         return min((i for i in self.instances[bucket] if i in candidates),
