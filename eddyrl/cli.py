@@ -112,6 +112,9 @@ def cmd_sim(ns: argparse.Namespace) -> int:
                   f"{summary['rollout_idle']:.1%}, trainer idle {summary['train_idle']:.1%}, "
                   f"control plane {summary['cpu_per_step_fraction']:.2%} of simulated time",
                   highlight=False)
+    if summary["tool_calls"]:
+        console.print(f"tool calls {summary['tool_calls']} ({summary['tool_failures']} failed), "
+                      f"{summary['tool_wait_s']:.0f} s waited in all", highlight=False)
     return 0
 
 
@@ -134,8 +137,18 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
     policies = ns.policies.split(",")
     print(f"# eddy bench sim {scenario} {' '.join(overrides)} on {host.node()} "
           f"(python {sys.version.split()[0]}); policies {policies}", flush=True)
+    timelines = None
+    if ns.out:
+        Path(ns.out).mkdir(parents=True, exist_ok=True)
+        try:
+            import matplotlib  # noqa: F401
+
+            timelines = ns.out
+        except ImportError:
+            print("# no plots: pip install 'eddyrl[plots]' for matplotlib")
     rows = compare(scenario, overrides, policies,
-                   on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True))
+                   on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True),
+                   timelines=timelines)
     print("# steady steps (all but the first, which fills the pipeline); speedup: trained "
           "samples/s against sync's", flush=True)
     columns = ["step_s", "tokens_per_s", "samples_per_s", "speedup", "rollout_idle",
@@ -155,13 +168,11 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
         (out / "results.json").write_text(json.dumps(
             {"scenario": scenario, "overrides": overrides, "policies": rows}, indent=2))
         print(f"# wrote {out / 'results.json'}")
-        try:
+        if timelines:
             from .runtime.sim_policies import plot
 
             plot(rows, str(out / "policies.png"), f"{Path(scenario).stem} (simulated)")
-            print(f"# wrote {out / 'policies.png'}")
-        except ImportError:
-            print("# no policies.png: pip install 'eddyrl[plots]' for matplotlib")
+            print(f"# wrote {out / 'policies.png'} and a timeline_<policy>.png per policy")
     return 0
 
 
@@ -212,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs="*")
     p.add_argument("--policies", default="sync,one_step,partial,async,multiversion,replay,"
                    "bucket,elastic,all")
-    p.add_argument("--out", default=None, help="folder for results.json")
+    p.add_argument("--out", default=None, help="folder for results.json, policies.png and "
+                   "each policy's worker timeline (timeline_<policy>.png)")
     p.set_defaults(func=cmd_bench_sim)
 
     p = sub.add_parser("config", help="inspect configuration")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import check_range, contradiction
+from ..validation import check_choice, check_range, contradiction
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,6 +49,15 @@ class AlgorithmConfig:
 class LoopConfig:
     steps: int = 100
     batch_prompts: int = 16  # prompts (groups) per training step
+    # Prompt groups generating at once (DORA's rollout batch size RBS, AReaL's maximum
+    # concurrent rollouts); 0: (K + 1) * batch_prompts, every group the staleness bound admits.
+    # batch_prompts with K >= 1 is textbook one-step off-policy: one batch generates while the
+    # previous one trains.
+    max_inflight_prompts: int = 0
+    # When new prompt groups are dispatched: "batch": whole training batches, at step
+    # boundaries; "stream": as soon as the window has room (a group collected, a step taken),
+    # as DORA tops up its rollout batch (AReaL streams the same way).
+    refill: str = "batch"
     eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
     save_every: int = 0  # steps between checkpoints (0: only the final one)
@@ -57,6 +66,8 @@ class LoopConfig:
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.steps", self.steps, 0)
         check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
+        check_range(f"{prefix}.max_inflight_prompts", self.max_inflight_prompts, 0)
+        check_choice(f"{prefix}.refill", self.refill, ("batch", "stream"))
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
         check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
         check_range(f"{prefix}.save_every", self.save_every, 0)

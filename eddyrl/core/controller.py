@@ -52,6 +52,9 @@ class Runtime(Protocol):
         """Publish `version` to every rollout worker; returns the version each one now hosts
         (a busy worker keeps its running requests' version, with the new one staged)."""
         ...
+    async def worker_stats(self) -> list[Any]:
+        """Each rollout worker's `EngineStats` (KV-cache use, queues)."""
+        ...
 
 
 @dataclass
@@ -93,15 +96,19 @@ class Controller:
         self.replay = ReplayBuffer(self.settings.replay)
         # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
         self.fresh_per_step = loop.batch_prompts - self.replay.replay_slots(loop.batch_prompts)
-        # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS).
+        # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS),
+        # fewer when the loop caps the groups generating at once.
         self.window = VersionWindow(max_staleness=algo.max_staleness,
                                     batch_groups=max(self.fresh_per_step, 1),
-                                    max_concurrent=(algo.max_staleness + 1) * loop.batch_prompts)
+                                    max_concurrent=loop.max_inflight_prompts or
+                                    (algo.max_staleness + 1) * loop.batch_prompts)
         self.rollout = StreamingRollout(
             self.runtime, self.window,
             VersionOrchestrator(len(self.runtime.workers), rollout.max_batch_size),
             self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
             migrate=rollout.migrate, router=self._router())
+        if loop.refill == "stream":
+            self.rollout.on_collect = self._fill_pipeline
         self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
         self.elastic = self._elastic_driver()
 
@@ -203,7 +210,7 @@ class Controller:
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
         # DORA: the new version's share of workers, before its prompts are dispatched.
-        await self.rollout.rebalance(self.window.capacity() * self.settings.n_samples)
+        await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         elastic_metrics: dict[str, Any] = {}
         if self.elastic is not None:
             t4 = self.runtime.now()
@@ -253,15 +260,26 @@ class Controller:
             self._pending.extend((epoch, prompt) for prompt in prompts)
         return [self._pending.popleft() for _ in range(count)]
 
+    def _dispatchable_groups(self) -> int:
+        """Fresh groups `_fill_pipeline` would dispatch now: whole batches, or with streaming
+        refill every group the window has room for."""
+        size, room = self.fresh_per_step, self.window.capacity()
+        if not size:
+            return 0
+        return room if self.settings.loop.refill == "stream" else room // size * size
+
     def _fill_pipeline(self) -> None:
-        """Dispatch whole fresh batches while the version window admits them at the latest
-        version: one at a time with K = 0 (synchronous), up to K + 1 ahead of training
+        """Dispatch fresh groups while the version window admits them at the latest version
+        (whole batches, or any number with streaming refill): one batch at a time with K = 0
+        (synchronous), up to K + 1 ahead of training (or `loop.max_inflight_prompts`)
         otherwise; then, with `rollout.fill_legacy`, fill free slots of workers still busy
         with a legacy version with new prompts of that version, where their deadline allows
         (DORA's opportunistic fill)."""
-        size, n = self.fresh_per_step, self.settings.n_samples
-        while size and self.window.capacity() >= size:
-            self.rollout.dispatch(self._queue_groups(size), n, self.settings.sampling)
+        if self.rollout.orchestrator.latest != self.window.version:
+            return  # a step has advanced the version; its weights are not on the workers yet
+        n = self.settings.n_samples
+        while count := self._dispatchable_groups():
+            self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling)
         if not self.settings.rollout.fill_legacy or self.rollout.partial_rollout:
             return
         for worker, version, free_slots in self.rollout.orchestrator.legacy_room():
@@ -286,6 +304,9 @@ class Controller:
         if not self.fresh_per_step:
             return [], _rollout_metrics([], self.reward.errors)
         generated = await self.rollout.next_batch()
+        # Taking the batch may free in-flight room (loop.max_inflight_prompts): the next batch
+        # starts generating now, while this one trains.
+        self._fill_pipeline()
         kept = self._drop_uninformative(generated)
         for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
             if len(kept) >= self.fresh_per_step:

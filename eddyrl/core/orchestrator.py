@@ -26,10 +26,13 @@ on the newest weights staged by the time it starts, which `published` mirrors.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass
 
 from ..validation import check_range
+
+KV_FILL = 0.75  # the KV-cache fill a consolidated legacy version may reach on its keepers
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class VersionOrchestrator:
         self.hosted = [0] * num_workers  # version each worker's loaded weights carry
         self.pending: list[Counter[int]] = [Counter() for _ in range(num_workers)]
         self.available = [True] * num_workers  # False: lent to training (elastic pool)
+        self.kv_usage = [0.0] * num_workers  # KV cache in use, fraction (last report)
         self.migrations = 0
 
     # -- what the controller reports ---------------------------------------------------------
@@ -93,6 +97,13 @@ class VersionOrchestrator:
         if self.latest in self.pending[worker] and not self._legacy_pending(worker):
             self.hosted[worker] = self.latest  # drained: the queued new requests start
 
+    def observed_kv(self, usage: list[float]) -> None:
+        """Each worker's KV-cache use as its engine reports it (a fraction of its cache): a
+        legacy version is not consolidated onto fewer workers than its caches fill."""
+        if len(usage) != self.num_workers:
+            raise ValueError(f"expected {self.num_workers} KV usages, got {len(usage)}")
+        self.kv_usage = [float(u) for u in usage]
+
     def set_available(self, worker: int, available: bool) -> None:
         """Lend a worker to training (no new requests; `plan` evacuates its running ones) or
         take it back."""
@@ -113,8 +124,11 @@ class VersionOrchestrator:
         total = sum(work.values()) or 1
         workers = sum(self.available)
         legacy = sorted(v for v, n in work.items() if n > 0 and v < self.latest)
-        targets = {v: max(1, round(workers * work[v] / total)) for v in legacy}
-        keep_for_latest = 1 if workers > len(legacy) else 0
+        targets = {v: max(1, round(workers * work[v] / total), self._cache_workers(v))
+                   for v in legacy}
+        # a worker for the latest version only when it has work: else the legacy tails keep
+        # every worker (evacuating one for nothing re-prefills its requests elsewhere)
+        keep_for_latest = 1 if workers > len(legacy) and work[self.latest] > 0 else 0
         while sum(targets.values()) > workers - keep_for_latest:
             widest = max(targets, key=lambda v: (targets[v], v))
             if targets[widest] == 1:
@@ -191,10 +205,16 @@ class VersionOrchestrator:
         return [w for w in range(self.num_workers) if self.available[w]]
 
     def pick(self, version: int) -> int:
-        """The worker for the next request of `version`: least loaded among those that can run
-        it soonest (for the latest version: hosts of it before workers still draining)."""
-        return min(self.eligible(version), key=lambda w: (self._legacy_pending(w),
-                                                          sum(self.pending[w].values()), w))
+        """The worker for the next request of `version` that will start it soonest, by queue
+        length counted in requests: a worker that can run it now has its own queue; one still
+        draining a legacy tail counts a full batch on top (the tail goes first, then it switches).
+        A latest-version request so goes to a host of that version until that host's queue is
+        a batch longer than a draining worker's, instead of piling on the only host."""
+        candidates = self.eligible(version) if version != self.latest else \
+            [w for w in range(self.num_workers) if self.available[w]]
+        return min(candidates, key=lambda w: (
+            sum(self.pending[w].values())
+            + (0 if self.can_run_now(w, version) else self.slots_per_worker), w))
 
     def legacy_room(self) -> list[tuple[int, int, int]]:
         """(worker, version, free request slots) for workers that host a legacy version, have
@@ -208,6 +228,14 @@ class VersionOrchestrator:
                     and busy < self.slots_per_worker:
                 room.append((worker, version, self.slots_per_worker - busy))
         return room
+
+    def _cache_workers(self, version: int) -> int:
+        """Workers whose KV caches the running requests of `version` need, filled to KV_FILL
+        (its long tails keep growing: packing them fuller makes the engines preempt and
+        recompute them, which DORA's KV-pressure trigger exists to avoid)."""
+        used = sum(self.kv_usage[w] for w in range(self.num_workers)
+                   if self.hosted[w] == version and self.pending[w][version])
+        return math.ceil(used / KV_FILL - 1e-9)
 
     def _legacy_pending(self, worker: int) -> int:
         return sum(n for v, n in self.pending[worker].items() if v < self.latest)

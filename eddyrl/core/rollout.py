@@ -23,6 +23,7 @@ whoever waits next, with the worker's name from the runtime's error.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -47,6 +48,7 @@ class _Request:
     worker: int
     version: int
     track: bool  # training data (store, window, ledger) or evaluation (none of them)
+    priority: int = 0  # the group's dispatch order: engines run older groups first
     moving_to: int | None = None  # migration target while its abort is on the way
 
 
@@ -61,6 +63,8 @@ class StreamingRollout:
     partial_rollout: bool = False
     migrate: bool = True
     router: BucketRouter | None = None
+    # called after each group is collected (streaming refill: the controller tops up)
+    on_collect: Callable[[], None] | None = None
     store: ExperienceStore = field(default_factory=ExperienceStore)
     _requests: dict[str, _Request] = field(default_factory=dict)
     _rows: dict[str, list[int]] = field(default_factory=dict)  # group -> its store rows
@@ -68,6 +72,7 @@ class StreamingRollout:
     _resume: dict[int, list[GenerationRequest]] = field(default_factory=dict)
     _abort: dict[int, list[str]] = field(default_factory=dict)  # router moves, per source
     _flush_scheduled: bool = False
+    _dispatched_groups: Any = field(default_factory=itertools.count)  # priorities, in order
     _failure: BaseException | None = None
     _progress: asyncio.Event | None = None
     _waiters: dict[str, asyncio.Future] = field(default_factory=dict)  # generate_now groups
@@ -123,6 +128,7 @@ class StreamingRollout:
         orchestrator's pick; with one, each request to the router's choice among the workers
         the orchestrator allows."""
         version = group.dispatch_version
+        priority = next(self._dispatched_groups)
         first = None
         for sample in range(n):
             request_id = f"{group.group_id}-{sample}"
@@ -134,22 +140,23 @@ class StreamingRollout:
             first = target if first is None else first
             self.orchestrator.dispatched(target, version)
             self._requests[request_id] = _Request(group, sample, sampling, target, version,
-                                                  track)
+                                                  track, priority)
             per_worker.setdefault(target, []).append(self._request(
-                request_id, group.prompt_ids, sampling, version))
+                request_id, group.prompt_ids, sampling, version, priority))
         return first
 
     def _request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                 version: int, partial: GenerationResult | None = None) -> GenerationRequest:
+                 version: int, priority: int, partial: GenerationResult | None = None
+                 ) -> GenerationRequest:
         report_at = tuple(self.router.config.milestones) \
             if self.router is not None and self.router.config.policy == "bucket" else ()
         if partial is None:
             return GenerationRequest(request_id, prompt_ids, sampling, version=version,
-                                     report_at=report_at)
+                                     report_at=report_at, priority=priority)
         return GenerationRequest(request_id, prompt_ids, sampling, resume_ids=partial.token_ids,
                                  resume_logprobs=partial.logprobs,
                                  resume_versions=partial.versions, version=version,
-                                 report_at=report_at)
+                                 report_at=report_at, priority=priority)
 
     def _launch_all(self, per_worker: dict[int, list[GenerationRequest]]) -> None:
         for worker, requests in per_worker.items():
@@ -218,6 +225,8 @@ class StreamingRollout:
             self.window.collect(group.group_id)
             self.ledger.collect(group.group_id)
             self._wake()
+            if self.on_collect is not None:
+                self.on_collect()
 
     # -- training batches ----------------------------------------------------------------------
 
@@ -267,6 +276,8 @@ class StreamingRollout:
         if self.partial_rollout:
             return 0  # every worker already runs the latest weights: lent ones just drain
         moving = 0
+        self.orchestrator.observed_kv([s.kv_cache_usage for s in
+                                       await self.runtime.worker_stats()])
         for move in self.orchestrator.plan(new_requests):
             if not self.migrate and self.orchestrator.available[move.source]:
                 continue  # consolidation off; evacuating a lent worker is still needed
@@ -326,7 +337,8 @@ class StreamingRollout:
         self.orchestrator.dispatched(request.worker, request.version)
         self.restarted += 1
         self._launch_all({request.worker: [self._request(
-            request_id, request.group.prompt_ids, request.sampling, request.version)]})
+            request_id, request.group.prompt_ids, request.sampling, request.version,
+            request.priority)]})
 
     def _route(self, request_id: str, request: _Request, progress: GenerationResult) -> None:
         """A length milestone: ask the router whether the request belongs in another bucket
@@ -354,7 +366,8 @@ class StreamingRollout:
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
         self.migrated += 1
         self._resume.setdefault(request.worker, []).append(self._request(
-            partial.request_id, partial.prompt_ids, request.sampling, request.version, partial))
+            partial.request_id, partial.prompt_ids, request.sampling, request.version,
+            request.priority, partial))
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

@@ -58,6 +58,7 @@ class VersionWindow:
         self.max_concurrent = max_concurrent
         self.version = 0  # the trainer's current policy version
         self.accepted = 0  # groups collected, ever (a consumed slot stays consumed)
+        self.taken = False  # whether this version's batch has been handed out (until advance)
         # group -> dispatch version, in dispatch order, from dispatch until taken for training
         # (or requeued).
         self._dispatch_version: dict[str, int] = {}
@@ -79,8 +80,11 @@ class VersionWindow:
         version = self.version if version is None else version
         if version > self.version or (version < self.version and version + k <= self.version):
             return 0  # a future version, or one whose groups would be due at this very step
-        # Each step from now to `deadline` trains B groups: those due by then must fit.
-        by_deadline = min((deadline - self.version + 1) * b - self._untaken_due_by(deadline)
+        # Each step from now to `deadline` trains B groups: those due by then must fit (the
+        # current step no longer counts once its batch is taken).
+        steps_from_now = 1 - self.taken
+        by_deadline = min((deadline - self.version + steps_from_now) * b
+                          - self._untaken_due_by(deadline)
                           for deadline in range(version + k, self.version + k + 1))
         return max(0, min(self.max_concurrent - self.running, by_deadline))
 
@@ -173,6 +177,7 @@ class VersionWindow:
                 return None
         for group_id in batch:
             self.check_trainable(self._dispatch_version.pop(group_id))
+        self.taken = True
         return batch
 
     def advance(self) -> int:
@@ -185,6 +190,7 @@ class VersionWindow:
                 f"{self._running_per_version[oldest]} running group(s) from version {oldest} "
                 f"would exceed max_staleness = {self.max_staleness}; collect or requeue them")
         self.version += 1
+        self.taken = False
         return self.version
 
     # -- internals -----------------------------------------------------------------------------

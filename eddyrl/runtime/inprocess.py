@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator
 
-from ..engines.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+from ..engines.inference.base import (EngineStats, GenerationRequest, GenerationResult,
+                                     InferenceEngine)
 
 
 class InProcessRuntime:
@@ -24,6 +25,9 @@ class InProcessRuntime:
 
     async def abort(self, worker: int, request_ids: list[str]) -> None:
         await self.workers[worker].abort(request_ids)
+
+    async def worker_stats(self) -> list[EngineStats]:
+        return [engine.stats() for engine in self.workers]
 
     async def train(self, batch):
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")

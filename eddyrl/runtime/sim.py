@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ..config import EddyConfig
 from ..core.controller import Controller, LoopSettings
 from ..core.rewarding import SafeReward
+from ..errors import ConfigError
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..engines.inference.sim import SimInferenceEngine
 from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
@@ -45,6 +46,44 @@ class Timeline:
                                 "args": args})
         return record
 
+    # what each span is, for the timeline plot: generating, training, moving between roles
+    KINDS = {"prefill": "generate", "decode": "generate", "train": "train",
+             "weight sync": "weight sync", "replica": "lent to training",
+             "join": "changing role", "leave": "changing role"}
+    COLORS = {"generate": "tab:blue", "train": "tab:green", "weight sync": "tab:orange",
+              "lent to training": "tab:olive", "changing role": "tab:red"}
+
+    def plot(self, path: str, title: str) -> None:
+        """A PNG of every worker's activity over simulated time (the trainer on top, then each
+        rollout instance), gaps being idle time; needs matplotlib (the `plots` extra)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        tracks = sorted({(e["pid"], e["tid"]) for e in self.events}, reverse=True)
+        rows = {track: i for i, track in enumerate(tracks)}
+        spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for event in self.events:
+            kind = self.KINDS.get(event["name"], event["name"])
+            spans.setdefault((kind, rows[(event["pid"], event["tid"])]), []).append(
+                (event["ts"] / 60e6, event["dur"] / 60e6))
+        fig, axis = plt.subplots(figsize=(12, 0.3 * len(tracks) + 1.5))
+        labelled = set()
+        for (kind, row), bars in spans.items():
+            axis.broken_barh(_merged(bars), (row - 0.4, 0.8),
+                             color=self.COLORS.get(kind, "tab:gray"),
+                             label=None if kind in labelled else kind)
+            labelled.add(kind)
+        roles = {pid: role for role, pid in self.ROLES.items()}
+        axis.set_yticks(range(len(tracks)), [f"{roles[pid]} {tid}" for pid, tid in tracks])
+        axis.set_xlabel("simulated minutes")
+        axis.legend(loc="upper right", fontsize="small")
+        axis.set_title(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
     def write(self, path: str) -> None:
         import json
 
@@ -52,6 +91,18 @@ class Timeline:
                  for role, pid in self.ROLES.items()]
         with open(path, "w") as f:
             json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms"}, f)
+
+
+def _merged(bars: list[tuple[float, float]], gap: float = 1e-3) -> list[tuple[float, float]]:
+    """Back-to-back (start, width) spans joined, so a plot draws thousands of decode runs as a
+    few bars."""
+    merged: list[list[float]] = []
+    for start, width in sorted(bars):
+        if merged and start <= merged[-1][0] + merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], start + width - merged[-1][0])
+        else:
+            merged.append([start, width])
+    return [(start, width) for start, width in merged]
 
 
 class SimRuntime:
@@ -64,6 +115,9 @@ class SimRuntime:
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
         self._trace_train = timeline.recorder("train", 0) if timeline is not None else None
+        self._trace_roles = [timeline.recorder("rollout", i) for i in range(len(engines))] \
+            if timeline is not None else None
+        self._joined_at: dict[int, float] = {}
         self.move_s = move_s
         self.replica_groups = replica_groups
         self.replicas: dict[int, int] = {}  # joined worker -> its weights' version (-1: none)
@@ -75,6 +129,12 @@ class SimRuntime:
     def _record(self, name: str, seconds: float, args: dict) -> None:
         if self._trace_train is not None:
             self._trace_train(name, self.now(), seconds, args)
+
+    def _record_role(self, worker: int, name: str, seconds: float,
+                     at: float | None = None) -> None:
+        if self._trace_roles is not None:
+            self._trace_roles[worker](name, self.now() if at is None else at, seconds,
+                                      {"worker": worker})
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -124,8 +184,10 @@ class SimRuntime:
         engine = self.workers[worker]
         await engine.wait_idle()  # evacuated requests leave at the engine's next step
         await engine.sleep()
+        self._record_role(worker, "join", self.move_s)
         await asyncio.sleep(self.move_s)  # memory released, replica built
         self.replicas[worker] = -1  # weights come with the next sync
+        self._joined_at[worker] = self.now()
 
     async def replica_version(self, worker: int) -> int:
         return self.replicas.get(worker, -1)
@@ -133,6 +195,9 @@ class SimRuntime:
     async def leave_training(self, worker: int) -> int:
         version = self.replicas.pop(worker, -1)
         engine = self.workers[worker]
+        joined = self._joined_at.pop(worker, self.now())
+        self._record_role(worker, "replica", self.now() - joined, at=joined)
+        self._record_role(worker, "leave", self.move_s)
         await asyncio.sleep(self.move_s)  # replica freed, engine woken, weights loaded
         await engine.wake()
         if version > engine.version:
@@ -160,13 +225,31 @@ def weight_sync_seconds(config: EddyConfig, rollout_cost: CostModel,
     return rollout_cost.weight_sync_seconds(shard, bandwidth)
 
 
+def instance_tps(config: EddyConfig) -> list[int]:
+    """Each rollout instance's tensor-parallel degree: `sim.rollout.tp`, or with a router its
+    bucket's `parallelism` where set (Libra's wider instances for long requests); the
+    instances must use exactly `sim.rollout.devices`."""
+    sim, routing = config.sim, config.routing
+    if routing.policy == "none":
+        return [sim.rollout.tp] * sim.rollout.groups
+    tps = [spec.parallelism or sim.rollout.tp
+           for spec in routing.buckets for _ in range(spec.workers)]
+    if sum(tps) != sim.rollout.devices:
+        raise ConfigError(
+            f"routing.buckets use {sum(tps)} rollout devices ("
+            + ", ".join(f"{b.name}: {b.workers} x tp {b.parallelism or sim.rollout.tp}"
+                        for b in routing.buckets)
+            + f") but sim.rollout.devices = {sim.rollout.devices}; make them add up")
+    return tps
+
+
 def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None,
           timeline: Timeline | None = None) -> tuple[Controller, SimRuntime]:
     """The controller and runtime of a simulated run of `config`."""
     sim = config.sim
-    instances = sim.rollout.groups
+    tps = instance_tps(config)
     config = dataclasses.replace(config, rollout=dataclasses.replace(
-        config.rollout, num_workers=instances, max_batch_size=sim.rollout.max_batch_size,
+        config.rollout, num_workers=len(tps), max_batch_size=sim.rollout.max_batch_size,
         max_new_tokens=sim.workload.max_response_tokens))
     config.validate()
     workload = synthetic.Workload(sim.workload, config.seed)
@@ -174,17 +257,21 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     efficiency = sim.efficiency_factors()
     rollout_cost = CostModel(sim.rollout.accelerator, sim.model, efficiency, tp=sim.rollout.tp)
     train_cost = CostModel(sim.train.accelerator, sim.model, efficiency, tp=sim.train.tp)
-    engines = [SimInferenceEngine(rollout_cost, length_of=workload.response_tokens,
+    costs = {tp: CostModel(sim.rollout.accelerator, sim.model, efficiency, tp=tp)
+             for tp in set(tps)}
+    engines = [SimInferenceEngine(costs[tps[i]], length_of=workload.response_tokens,
                                   correct_of=workload.correct,
                                   max_batch_size=worker_batch_size(
                                       config.routing, i, sim.rollout.max_batch_size),
                                   partial_rollout=config.rollout.partial_rollout,
-                                  trace=timeline.recorder("rollout", i) if timeline else None)
-               for i in range(instances)]
+                                  trace=timeline.recorder("rollout", i) if timeline else None,
+                                  episode_of=workload.episode)
+               for i in range(len(tps))]
     move_s = sim.move_setup_s + rollout_cost.weight_sync_seconds(
         rollout_cost.weights_bytes / sim.rollout.tp, rollout_cost.accelerator.intra_node_bandwidth)
-    runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups),
-                         weight_sync_seconds(config, rollout_cost, train_cost), timeline,
+    # one broadcast; the instances with the narrowest tp receive the largest shards
+    sync_s = weight_sync_seconds(config, costs[min(tps)], train_cost)
+    runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups), sync_s, timeline,
                          move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp)
     rollout = config.rollout
     settings = LoopSettings(
@@ -202,11 +289,12 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
 
 
 def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None,
-             trace_path: str | None = None) -> dict[str, Any]:
+             trace_path: str | None = None, timeline_png: str | None = None
+             ) -> dict[str, Any]:
     """Run `config` on the simulated cluster; the controller's summary plus the simulator's
     accounting. With `trace_path`, every worker's busy intervals go there as a Perfetto /
-    Chrome trace."""
-    timeline = Timeline() if trace_path else None
+    Chrome trace; with `timeline_png`, as a plot of worker activity and roles."""
+    timeline = Timeline() if trace_path or timeline_png else None
     controller, runtime = build(config, log, timeline)
     cpu_began, wall_began = time.process_time(), time.perf_counter()
     summary, virtual_s = run_virtual(controller.run())
@@ -214,8 +302,13 @@ def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda 
     instances = len(runtime.workers)
     rollout_busy = sum(engine.stats().busy_seconds for engine in runtime.workers)
     steps = [m for m in controller.history if m.get("step", 0) > 0]
-    if timeline is not None:
+    for worker, joined in runtime._joined_at.items():  # still lent when the run ended
+        runtime._record_role(worker, "replica", virtual_s - joined, at=joined)
+    if trace_path:
         timeline.write(trace_path)
+    if timeline_png:
+        timeline.plot(timeline_png, f"{instances} rollout instances, "
+                      f"{runtime.trainer.dp} trainer groups")
     # steady state: from the end of the first step (the pipeline is full) to the last one's
     steady = runtime.idle_between(1, len(runtime.marks)) if len(runtime.marks) > 1 else \
         (None, None)
@@ -225,6 +318,9 @@ def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda 
             "train_idle": 1 - runtime.train_busy_s / max(virtual_s, 1e-12),
             "rollout_idle_steady": steady[0], "train_idle_steady": steady[1],
             "preemptions": sum(engine.preemptions for engine in runtime.workers),
+            "tool_calls": sum(engine.tool_calls for engine in runtime.workers),
+            "tool_failures": sum(engine.tool_failures for engine in runtime.workers),
+            "tool_wait_s": sum(engine.tool_wait_s for engine in runtime.workers),
             "cpu_per_step_fraction": cpu_s / max(virtual_s, 1e-12),
             "step_s_mean": sum(m["step_s"] for m in steps) / max(len(steps), 1),
             "history": controller.history}

@@ -3,12 +3,15 @@ overrides over the scenario, and every policy sets every dimension it touches (s
 partial rollout, migration, legacy fill, replay, routing), so a scenario's own choices do not
 leak into the comparison.
 
-- sync: K = 0. one_step: K = 1 (each worker on one version, DORA's consolidation moving old
-  tails off the workers the new version needs, as every run does by default).
+- sync: K = 0. one_step: K = 1 with one batch in flight (textbook one-step off-policy: the
+  next batch generates while the current one trains).
 - partial: K = 1 with partial rollout (new weights reach running generations).
-- async: K = 3 with partial rollout (AReaL-style: interruptible generation, bounded staleness).
-- multiversion: K = 3, one version per trajectory, consolidation and legacy fill (DORA).
-- replay: K = 1 with ReFlow's replay (sigma 0.25, tau 0.5). bucket: K = 1 with Libra's router.
+- async: K = 3 with partial rollout and streaming refill (AReaL-style: interruptible
+  generation, bounded staleness, prompts topped up as groups finish).
+- multiversion: K = 3, one version per trajectory, consolidation and legacy fill, prompts
+  topped up as groups finish (DORA; its rollout batch is everything the window admits).
+- replay: K = 1 with ReFlow's replay (sigma 0.25, tau 0.5). bucket: K = 1 with Libra's router
+  (a long bucket of instances twice as wide).
 - elastic: K = 1 with the elastic pool and the adaptive scheduler (workers lent to training
   when training is the bottleneck, each move paying the scenario's cold start).
 - all: multiversion + replay + bucket.
@@ -26,53 +29,62 @@ from ..errors import ConfigError
 
 _BASE = ["elastic.enabled=false", "adaptive.enabled=false", "algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
          "rollout.fill_legacy=false", "replay.max_fraction=0", "routing.policy=none",
-         "algorithm.max_refill_rounds=0"]
+         "algorithm.max_refill_rounds=0", "loop.refill=batch", "loop.max_inflight_prompts=0"]
+_STREAM = ["loop.refill=stream"]
 _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
 
 
 def _bucket(config: EddyConfig) -> list[str]:
-    """Libra's router over the scenario's instances: a short bucket sized for twice the mean
-    response and a long one, each given instances in proportion to the share of tokens the
-    workload's length distribution puts in it (log-normal: the responses longer than t hold
+    """Libra's router over the scenario's rollout devices: a short bucket sized for twice the
+    mean response and a long one whose instances are twice as wide (tensor parallel), each
+    bucket given devices in proportion to the share of tokens the workload's length
+    distribution puts in it (log-normal: the responses longer than t hold
     Phi((mu + sigma^2 - ln t) / sigma) of all tokens); milestones at half, one and two means.
-    The simulator gives both buckets the same parallelism."""
-    instances, workload = config.sim.rollout.groups, config.sim.workload
-    if instances < 2:
-        raise ConfigError(f"policy 'bucket' needs at least 2 rollout instances; the scenario "
-                          f"has {instances}")
+    The long bucket's batch is sized to its KV cache at its expected context."""
+    rollout, workload = config.sim.rollout, config.sim.workload
+    wide = 2 * rollout.tp
+    if rollout.devices < rollout.tp + wide:
+        raise ConfigError(f"policy 'bucket' needs room for a short instance (tp {rollout.tp}) "
+                          f"and a long one (tp {wide}); the scenario has "
+                          f"{rollout.devices} rollout devices")
     mean, longest = workload.mean_response_tokens, workload.max_response_tokens
     short_tokens = min(int(2 * mean), longest - 1)
     sigma = max(workload.length_sigma, 1e-6)
     mu = math.log(mean) - sigma ** 2 / 2
     long_share = 0.5 * math.erfc(-(mu + sigma ** 2 - math.log(short_tokens)) / sigma
                                  / math.sqrt(2))
-    long = max(1, min(instances - 1, round(instances * long_share)))
+    long = max(1, min((rollout.devices - rollout.tp) // wide,
+                      round(rollout.devices * long_share / wide)))
+    short = (rollout.devices - long * wide) // rollout.tp
     longer_than_t = 0.5 * math.erfc(-(mu - math.log(short_tokens)) / sigma / math.sqrt(2))
     expected_long = mean * long_share / max(longer_than_t, 1e-9) + workload.prompt_tokens
-    cost = CostModel(config.sim.rollout.accelerator, config.sim.model, tp=config.sim.rollout.tp)
-    long_batch = max(1, min(config.sim.rollout.max_batch_size,
+    cost = CostModel(rollout.accelerator, config.sim.model, tp=wide)
+    long_batch = max(1, min(rollout.max_batch_size,
                             int(default_kv_capacity(cost) // expected_long)))
     milestones = sorted({max(1, int(mean / 2)), int(mean), int(2 * mean)})
-    return ["routing.policy=bucket", f"routing.milestones=[{','.join(map(str, milestones))}]",
+    return ["routing.policy=bucket", f"rollout.num_workers={short + long}",
+            f"routing.milestones=[{','.join(map(str, milestones))}]",
             "routing.min_observations=8", "routing.rebuild_every=64",
-            f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, "
-            f"workers: {instances - long}}}, {{name: long, max_tokens: {longest}, "
-            f"workers: {long}, max_batch_size: {long_batch}}}]"]
+            f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, workers: {short}}}, "
+            f"{{name: long, max_tokens: {longest}, workers: {long}, parallelism: {wide}, "
+            f"max_batch_size: {long_batch}}}]"]
 
 
 POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
     "sync": lambda c: [],
-    "one_step": lambda c: ["algorithm.max_staleness=1"],
+    "one_step": lambda c: ["algorithm.max_staleness=1",
+                           f"loop.max_inflight_prompts={c.loop.batch_prompts}"],
     "partial": lambda c: ["algorithm.max_staleness=1", "rollout.partial_rollout=true"],
-    "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true"],
-    "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true"],
+    "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true", *_STREAM],
+    "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true",
+                               *_STREAM],
     "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
     "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
     "elastic": lambda c: ["algorithm.max_staleness=1", "elastic.enabled=true",
                           "adaptive.enabled=true", "adaptive.window=2",
                           "adaptive.cooldown_steps=2"],
-    "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_REPLAY,
-                      "replay.max_lag=4", *_bucket(c)],
+    "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM,
+                      *_REPLAY, "replay.max_lag=4", *_bucket(c)],
 }
 
 
@@ -84,14 +96,16 @@ def policy_config(scenario: str | None, overrides: list[str], policy: str) -> Ed
 
 
 def compare(scenario: str | None, overrides: list[str], policies: list[str],
-            on_done: Callable[[str, dict[str, Any]], None] = lambda p, r: None
-            ) -> dict[str, dict[str, Any]]:
-    """Each policy simulated on the scenario, one after another; a row of numbers each."""
+            on_done: Callable[[str, dict[str, Any]], None] = lambda p, r: None,
+            timelines: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each policy simulated on the scenario, one after another; a row of numbers each. With
+    `timelines` (a folder), each policy's worker timeline is plotted there."""
     from .sim import simulate
 
     rows: dict[str, dict[str, Any]] = {}
     for policy in policies:
-        summary = simulate(policy_config(scenario, overrides, policy))
+        png = f"{timelines}/timeline_{policy}.png" if timelines else None
+        summary = simulate(policy_config(scenario, overrides, policy), timeline_png=png)
         rows[policy] = row(summary)
         on_done(policy, rows[policy])
     sync = rows.get("sync")

@@ -20,14 +20,16 @@ POLICIES = ("none", "bucket", "round_robin", "least_load", "fifo")  # none: no r
 class BucketSpec:
     name: str
     max_tokens: int  # largest total output a request in this bucket is expected to need
-    parallelism: int = 1  # tensor-parallel degree of each instance (the cost model's TP)
+    # tensor-parallel degree of each instance; 0: the rollout's own. The simulator builds each
+    # bucket's instances with it (Libra gives long requests wider instances); real rollout
+    # workers all run rollout's engine settings and ignore it.
+    parallelism: int = 0
     workers: int = 1  # rollout workers (instances) in this bucket, in config order
     max_batch_size: int | None = None  # sequences each decodes together (None: rollout's)
 
 
 def _default_buckets() -> list[BucketSpec]:
-    return [BucketSpec("short", 3000, 2), BucketSpec("medium", 6000, 2),
-            BucketSpec("long", 32768, 4)]
+    return [BucketSpec("short", 3000), BucketSpec("medium", 6000), BucketSpec("long", 32768)]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,7 +60,7 @@ class RoutingConfig:
             if not spec.name:
                 raise ConfigError(f"config key '{prefix}.buckets[{i}].name' is empty")
             check_range(f"{prefix}.buckets[{i}].max_tokens", spec.max_tokens, 1)
-            check_range(f"{prefix}.buckets[{i}].parallelism", spec.parallelism, 1)
+            check_range(f"{prefix}.buckets[{i}].parallelism", spec.parallelism, 0)
             check_range(f"{prefix}.buckets[{i}].workers", spec.workers, 1)
             if spec.max_batch_size is not None:
                 check_range(f"{prefix}.buckets[{i}].max_batch_size", spec.max_batch_size, 1)

@@ -9,6 +9,12 @@ Response lengths are log-normal (heavy right tail), scaled to the configured mea
 `max_response_tokens` (DAPO-Math with Qwen3: mean about 2.4K tokens, longest 30K). Each prompt
 has a solve rate drawn from Beta(a, b) and each response is right with that probability, so
 some groups have all-equal rewards (dynamic sampling drops them), as with real data.
+
+Agentic workloads (`tool_calls_mean > 0`) make each request a multi-turn episode: the model
+generates, calls a tool at some of its own tokens, waits for it, reads the observation the tool
+returns (appended to its context) and goes on. `episode(request)` says where the calls fall
+and what each costs: a log-normal latency and observation length, or, for a failed call, the
+timeout and a short error text. `response_tokens` stays the model's own tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 from ..engines.inference.base import GenerationRequest
 from ..validation import check_range
@@ -24,6 +31,7 @@ from .prompts import Prompt, PromptSet
 
 CORRECT = "1"  # the answer every synthetic prompt expects; a simulated token carries 1 or 0
 EVAL_KEYS = 1 << 30
+LARGE_PAYLOAD_TOKENS = 512  # a tool observation this long or longer is "large"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,6 +44,17 @@ class WorkloadConfig:
     length_sigma: float = 1.0  # of the log-normal: larger, heavier tail
     solve_a: float = 2.0  # Beta(a, b) of each prompt's solve rate
     solve_b: float = 2.0
+    # multi-turn episodes (0 tool calls: single-turn). Calls per episode are geometric (after
+    # each call the model calls again with probability mean / (1 + mean)), cut at max_tool_calls
+    tool_calls_mean: float = 0.0
+    max_tool_calls: int = 16
+    tool_latency_s: float = 2.0  # mean of a successful call's log-normal latency
+    tool_latency_sigma: float = 1.0
+    tool_payload_tokens: float = 256.0  # mean of the log-normal observation it returns
+    tool_payload_sigma: float = 1.0
+    tool_failure_rate: float = 0.0  # a failed call returns after tool_timeout_s with an error
+    tool_timeout_s: float = 30.0
+    tool_error_tokens: int = 32
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.prompts", self.prompts, 1)
@@ -46,6 +65,30 @@ class WorkloadConfig:
         check_range(f"{prefix}.length_sigma", self.length_sigma, 0)
         check_range(f"{prefix}.solve_a", self.solve_a, 0, lo_open=True)
         check_range(f"{prefix}.solve_b", self.solve_b, 0, lo_open=True)
+        check_range(f"{prefix}.tool_calls_mean", self.tool_calls_mean, 0)
+        check_range(f"{prefix}.max_tool_calls", self.max_tool_calls, 0)
+        check_range(f"{prefix}.tool_latency_s", self.tool_latency_s, 0, lo_open=True)
+        check_range(f"{prefix}.tool_latency_sigma", self.tool_latency_sigma, 0)
+        check_range(f"{prefix}.tool_payload_tokens", self.tool_payload_tokens, 1)
+        check_range(f"{prefix}.tool_payload_sigma", self.tool_payload_sigma, 0)
+        check_range(f"{prefix}.tool_failure_rate", self.tool_failure_rate, 0, 1)
+        check_range(f"{prefix}.tool_timeout_s", self.tool_timeout_s, 0)
+        check_range(f"{prefix}.tool_error_tokens", self.tool_error_tokens, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call of an episode. The model issues it after `at` tokens of its own (observations
+    not counted); `payload_tokens` of observation (or error text, if it `failed`) come back
+    after `latency_s`."""
+    at: int
+    latency_s: float
+    payload_tokens: int
+    failed: bool = False
+
+    @property
+    def size_class(self) -> Literal["small", "large"]:
+        return "large" if self.payload_tokens >= LARGE_PAYLOAD_TOKENS else "small"
 
 
 class Workload:
@@ -54,7 +97,7 @@ class Workload:
         self.config = config
         self.seed = seed
         # log-normal with E = exp(mu + sigma^2/2) = mean
-        self._mu = math.log(config.mean_response_tokens) - config.length_sigma ** 2 / 2
+        self._mu = _log_normal_mu(config.mean_response_tokens, config.length_sigma)
 
     def prompt_sets(self) -> tuple[PromptSet, PromptSet]:
         """(train, eval) prompts. A prompt's last token id is its key (eval prompts' keys start
@@ -80,6 +123,39 @@ class Workload:
         solve_rate = self._draw("prompt", request.prompt_ids[-1]).betavariate(
             self.config.solve_a, self.config.solve_b)
         return self._draw("correct", request.request_id).random() < solve_rate
+
+    def episode(self, request: GenerationRequest) -> tuple[ToolCall, ...]:
+        """The request's tool calls, in order, each at a distinct token count in
+        [1, response_tokens). Every call draws from its own seed, so the failure rate changes
+        which calls fail, not the others' latencies and payloads."""
+        config = self.config
+        if not config.tool_calls_mean:
+            return ()
+        length = self.response_tokens(request)
+        rng = self._draw("tools", request.request_id)
+        again = config.tool_calls_mean / (1 + config.tool_calls_mean)
+        count = 0
+        while count < min(config.max_tool_calls, length - 1) and rng.random() < again:
+            count += 1
+        calls = []
+        for index, at in enumerate(sorted(rng.sample(range(1, length), count))):
+            call = self._draw("tool", request.request_id, index)
+            latency = call.lognormvariate(
+                _log_normal_mu(config.tool_latency_s, config.tool_latency_sigma),
+                config.tool_latency_sigma)
+            payload = call.lognormvariate(
+                _log_normal_mu(config.tool_payload_tokens, config.tool_payload_sigma),
+                config.tool_payload_sigma)
+            if call.random() < config.tool_failure_rate:
+                calls.append(ToolCall(at, config.tool_timeout_s, config.tool_error_tokens, True))
+            else:
+                calls.append(ToolCall(at, latency, max(1, round(payload))))
+        return tuple(calls)
+
+
+def _log_normal_mu(mean: float, sigma: float) -> float:
+    """mu of the log-normal with this mean and sigma: E = exp(mu + sigma^2 / 2)."""
+    return math.log(mean) - sigma ** 2 / 2
 
 
 def decode(ids) -> str:

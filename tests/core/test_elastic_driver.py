@@ -65,7 +65,9 @@ class FakeRuntime:
         return 7  # the version its woken engine now hosts
 
     async def worker_stats(self):
-        return []
+        from eddyrl.engines.inference.base import EngineStats
+
+        return [EngineStats(0, 0, 0, 0, 0.0) for _ in self.workers]
 
     def sync(self, version):  # what a weight sync does to a replica
         for worker in self.replica:

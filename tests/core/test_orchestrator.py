@@ -146,11 +146,15 @@ def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
     orch.dispatched(2, 0, 3)
     orch.published(1, [0, 0, 0])
     orch.set_available(2, False)  # the elastic pool lends worker 2 to training
+    # version 1 has no work yet: both serving workers keep version 0, and worker 2's requests
+    # are spread over them, least loaded first (worker 1: 2 -> 4, then worker 0: 4 -> 5)
     moves = orch.plan(new_requests=0)
-    # worker 2's requests move to a worker that still hosts version 0 (worker 0, the busiest;
-    # one of the two serving workers is kept free for version 1, so worker 1's move there too)
-    assert sorted(moves, key=lambda m: m.source) == [Migration(1, 0, 0, 2),
-                                                      Migration(2, 0, 0, 3)]
+    assert sorted(moves, key=lambda m: m.target) == [Migration(2, 0, 0, 1),
+                                                      Migration(2, 1, 0, 2)]
+    # with version 1 prompts about to come, one worker is kept for them: worker 1 (the
+    # fewest version-0 requests) joins worker 2 in moving to worker 0
+    assert sorted(orch.plan(new_requests=16), key=lambda m: m.source) == [
+        Migration(1, 0, 0, 2), Migration(2, 0, 0, 3)]
     for move in moves:
         orch.moved(move.source, move.target, move.version, move.count)
     assert sum(orch.pending[2].values()) == 0
@@ -215,3 +219,39 @@ def test_evacuated_requests_are_spread_over_the_keepers_not_dumped_on_one():
         landed[m.target] += m.count
     assert landed == {0: 45, 1: 45}  # 30 evacuated requests split evenly
     assert sum(m.count for m in moves) == 30
+
+
+def test_a_legacy_version_keeps_the_workers_its_kv_caches_fill():
+    """By request count version 0 (12 requests vs 100 new) would shrink to one worker; its
+    caches are 60% full on three workers, so consolidating would overflow the keeper: it keeps
+    ceil(1.8 / KV_FILL) = 3 workers and nothing moves. With light caches it consolidates."""
+    def orchestrator(kv):
+        orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+        for worker, count in ((0, 10), (1, 1), (2, 1)):
+            orch.dispatched(worker, 0, count)
+        orch.published(1, [0, 0, 0, 1])
+        orch.observed_kv(kv)
+        return orch
+
+    assert orchestrator([0.6, 0.6, 0.6, 0.0]).plan(new_requests=100) == []
+    light = orchestrator([0.1, 0.05, 0.05, 0.0])
+    assert light.targets(100)[0] == 1
+    assert sorted((m.source, m.target) for m in light.plan(new_requests=100)) == [(1, 0), (2, 0)]
+    with pytest.raises(ValueError, match="4 KV usages"):
+        light.observed_kv([0.1])
+
+
+def test_new_prompts_do_not_pile_onto_the_only_worker_hosting_the_new_version():
+    """Worker 1 switched to version 1; workers 0 and 2 still drain short version-0 tails. The
+    new version's requests go to worker 1 until its queue is a batch (8) longer than a
+    draining worker's, then spread over all three (before: all 40 went to worker 1)."""
+    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch.dispatched(0, 0, 2)
+    orch.dispatched(2, 0, 2)
+    orch.published(1, [0, 1, 0])
+    for _ in range(40):
+        orch.dispatched(orch.pick(1), 1)
+    queued = [orch.pending[w][1] for w in range(3)]
+    assert sum(queued) == 40 and max(queued) - min(queued) <= 8 + 2 + 1
+    assert queued[1] == max(queued)  # the host of version 1 still takes the most
+    assert orch.hosted == [0, 1, 0]  # the others switch once their tails drain (C1)

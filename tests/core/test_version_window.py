@@ -25,6 +25,39 @@ def test_k0_is_synchronous_each_batch_generated_at_the_current_version():
     assert window.dispatch("c") == 1
 
 
+def test_a_taken_step_no_longer_counts_as_room_before_the_version_advances():
+    """Between taking a batch and advancing, the current step's B slots are used: a group
+    dispatched then is due by the next step, which the groups already waiting fill (before
+    the fix the window admitted B more, none of which could ever be trained in time)."""
+    window = VersionWindow(max_staleness=1, batch_groups=2, max_concurrent=4)
+    for group in "abcd":
+        window.dispatch(group)
+    window.collect("a")
+    window.collect("b")
+    assert window.take_batch() == ["a", "b"]
+    assert window.capacity() == 0  # c, d fill step 1, the last a group of version 0 may use
+    window.advance()
+    assert window.capacity() == 2
+
+
+def test_one_batch_in_flight_is_textbook_one_step_off_policy():
+    """max_concurrent = B with K = 1: once a batch has finished generating, the next one may
+    start (the controller dispatches it when it takes the batch, before training) at the
+    trainer's version, and is trained one version later."""
+    window = VersionWindow(max_staleness=1, batch_groups=2, max_concurrent=2)
+    window.dispatch("a"), window.dispatch("b")
+    assert window.capacity() == 0  # one batch generating
+    window.collect("a"), window.collect("b")
+    assert window.take_batch() == ["a", "b"]
+    assert window.capacity() == 2
+    window.dispatch("c"), window.dispatch("d")  # generated at version 0 while a, b train
+    assert window.capacity() == 0
+    window.advance()
+    assert window.staleness("c") == window.staleness("d") == 1
+    window.collect("c"), window.collect("d")
+    assert window.take_batch() == ["c", "d"]
+
+
 def test_capacity_is_the_areal_formula():
     window = VersionWindow(max_staleness=1, batch_groups=3, max_concurrent=4)
     assert window.capacity() == 4  # min(4 - 0, (1 + 0 + 1) * 3 - 0) = min(4, 6)

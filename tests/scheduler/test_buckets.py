@@ -327,7 +327,7 @@ def test_protocol_errors_name_the_request():
     ({"window": 4, "min_observations": 5}, "routing.min_observations = 5"),
     ({"buckets": []}, "routing.buckets"),
     ({"buckets": [BucketSpec("a", 10), BucketSpec("b", 0)]}, "routing.buckets[1].max_tokens"),
-    ({"buckets": [BucketSpec("a", 10, 0)]}, "routing.buckets[0].parallelism"),
+    ({"buckets": [BucketSpec("a", 10, -1)]}, "routing.buckets[0].parallelism"),
     ({"buckets": [BucketSpec("a", 10, workers=0)]}, "routing.buckets[0].workers"),
     ({"buckets": [BucketSpec("a", 10, max_batch_size=0)]}, "routing.buckets[0].max_batch_size"),
     ({"buckets": [BucketSpec("", 10)]}, "routing.buckets[0].name"),
@@ -358,7 +358,7 @@ def test_defaults_are_valid_and_follow_libra():
     config = RoutingConfig()
     config.validate("routing")
     assert [(b.name, b.max_tokens, b.parallelism) for b in config.buckets] == [
-        ("short", 3000, 2), ("medium", 6000, 2), ("long", 32768, 4)]
+        ("short", 3000, 0), ("medium", 6000, 0), ("long", 32768, 0)]
 
 
 def test_omegaconf_structured_config_round_trips():
@@ -371,7 +371,7 @@ def test_omegaconf_structured_config_round_trips():
         "  - {name: s, max_tokens: 2048}\n"
         "  - {name: l, max_tokens: 8192, parallelism: 4}\n")
     config = OmegaConf.to_object(OmegaConf.merge(schema, override))
-    assert config.buckets == [BucketSpec("s", 2048, 1), BucketSpec("l", 8192, 4)]
+    assert config.buckets == [BucketSpec("s", 2048, 0), BucketSpec("l", 8192, 4)]
     assert config.policy == "least_load" and config.milestones == [128, 512]
     config.validate("routing")
     yaml_again = OmegaConf.to_yaml(OmegaConf.structured(config))

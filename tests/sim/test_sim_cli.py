@@ -21,9 +21,12 @@ def test_every_bundled_scenario_loads_and_names_a_cluster():
     names = sorted(p.stem for p in folder.glob("*.yaml"))
     assert {"dora_64", "asyncflow_910b", "libra_48", "reflow_8", "mixed_vendor",
             "scale_1024"} <= set(names)
+    from eddyrl.runtime.sim import instance_tps
+
     for name in names:
         config = load_config(folder / f"{name}.yaml")
-        assert config.rollout.num_workers == config.sim.rollout.groups, name
+        # one rollout worker per instance; the instances use exactly the rollout devices
+        assert config.rollout.num_workers == len(instance_tps(config)), name
 
 
 def test_eddy_sim_runs_a_scenario_by_name(capsys):
@@ -42,7 +45,10 @@ def test_policies_set_every_dimension_whatever_the_scenario_chose():
     assert sync.routing.policy == "none" and sync.algorithm.max_staleness == 0
     everything = policy_config("configs/sim/libra_48.yaml", [], "all")
     assert everything.routing.policy == "bucket" and everything.replay.max_fraction == 0.25
-    assert sum(b.workers for b in everything.routing.buckets) == 16
+    # its 32 rollout devices, as the policy lays them out: long instances twice as wide
+    assert sum(b.workers * (b.parallelism or everything.sim.rollout.tp)
+               for b in everything.routing.buckets) == everything.sim.rollout.devices == 32
+    assert everything.routing.buckets[-1].parallelism == 2 * everything.sim.rollout.tp
     with pytest.raises(Exception, match="unknown policy 'fast'"):
         policy_config(None, [], "fast")
 
@@ -56,6 +62,28 @@ def test_bench_sim_compares_policies_side_by_side(tmp_path, capsys):
     assert rows["sync"]["speedup"] == 1.0 and rows["sync"]["staleness_max"] == 0
     assert rows["one_step"]["staleness_max"] <= 1 and rows["all"]["staleness_max"] <= 3
     assert set(POLICIES) >= set(rows)
+    for name in ("policies.png", "timeline_sync.png", "timeline_all.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_the_timeline_shows_a_worker_lent_to_training(tmp_path):
+    """The elastic pool's role changes are on the lent worker's own track: its cold start
+    each way and its time as a training replica."""
+    from eddyrl.config import load_config
+    from eddyrl.runtime.sim import Timeline, build
+    from eddyrl.runtime.virtual_clock import run_virtual
+
+    timeline = Timeline()
+    config = load_config("configs/sim/reflow_8.yaml", [
+        *SMALL, "loop.steps=8", "elastic.enabled=true",
+        "elastic.schedule=['2 join 3', '5 leave 3']"])
+    controller, runtime = build(config, timeline=timeline)
+    run_virtual(controller.run())
+    lent = [(e["name"], e["tid"]) for e in timeline.events if e["pid"] == 1
+            and e["name"] in ("join", "replica", "leave")]
+    assert lent == [("join", 3), ("replica", 3), ("leave", 3)]
+    timeline.plot(str(tmp_path / "t.png"), "elastic")
+    assert (tmp_path / "t.png").stat().st_size > 1000
 
 
 def test_eddy_sim_writes_a_perfetto_trace_of_every_worker(tmp_path, capsys):

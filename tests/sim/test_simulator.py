@@ -33,6 +33,47 @@ def test_a_sync_step_equals_the_hand_computed_time():
         assert step["step_s"] == pytest.approx(rollout + train + sync, rel=0.01)
 
 
+def test_one_batch_in_flight_overlaps_generation_with_training():
+    """Textbook one-step off-policy (K = 1, loop.max_inflight_prompts = the batch): the next
+    batch generates while the current one trains, so a steady step takes max(rollout,
+    train + sync), computed by hand as above, and every batch is exactly one version old."""
+    config = load_config(overrides=[
+        *SMALL, "sim.rollout.devices=1", "sim.train.devices=1", "sim.workload.prompt_tokens=500",
+        "sim.workload.mean_response_tokens=1000", "sim.workload.length_sigma=0",
+        "sim.workload.max_response_tokens=4000", "loop.steps=4", "loop.batch_prompts=1",
+        "rollout.n_samples=2", "algorithm.max_staleness=1", "loop.max_inflight_prompts=1"])
+    summary = simulate(config)
+    cost = CostModel("H100", "Qwen3-4B")
+    rollout = 2 * cost.prefill_seconds(500) + sum(cost.decode_step_seconds(2, 500 + i)
+                                                  for i in range(1000))
+    train = cost.train_step_seconds(2 * 1500, dp=1, sequence_length=1500)
+    sync = cost.weights_bytes / cost.accelerator.inter_node_bandwidth / \
+        cost.efficiency.comm_efficiency
+    steps = summary["history"][1:]
+    assert [m["staleness_max"] for m in steps] == [0, 1, 1, 1]
+    assert all(m["inflight_groups"] <= 1 for m in steps)
+    for step in steps[1:]:
+        assert step["step_s"] == pytest.approx(max(rollout, train + sync), rel=0.01)
+    assert steps[1]["step_s"] < 0.9 * (rollout + train + sync)  # it does overlap
+
+
+@pytest.mark.parametrize("inflight", [0, 24])
+def test_streaming_refill_keeps_c3_and_the_ledger(inflight):
+    """Groups dispatched as others finish (DORA's top-up to its rollout batch size): never
+    more in flight than allowed, staleness within K, every group trained once."""
+    config = load_config(overrides=[
+        *SMALL, "sim.rollout.devices=4", "sim.train.devices=4", "loop.steps=6",
+        "loop.batch_prompts=16", "rollout.n_samples=4", "algorithm.max_staleness=2",
+        "rollout.fill_legacy=true", "sim.workload.max_response_tokens=8000",
+        "loop.refill=stream", f"loop.max_inflight_prompts={inflight}"])
+    summary = simulate(config)
+    steps = summary["history"][1:]
+    assert max(m["staleness_max"] for m in steps) <= 2
+    assert max(m["inflight_groups"] for m in steps) <= (inflight or 3 * 16)
+    assert summary["ledger"]["generating"] == 0 and summary["ledger"]["queued"] == 0
+    assert summary["samples_trained"] == 6 * 16 * 4
+
+
 def _summary(seed, steps=3):
     config = load_config(overrides=[
         *SMALL, "sim.rollout.devices=4", "sim.train.devices=4", f"seed={seed}",
@@ -112,3 +153,24 @@ def test_calibrated_efficiency_factors_reach_the_cost_model():
     assert slower["train_s"] == pytest.approx(default["train_s"])
     with pytest.raises(Exception, match="sim.efficiency.train_mfu"):
         load_config(overrides=["sim.efficiency.train_mfu=1.5"])
+
+
+def test_buckets_may_give_their_instances_their_own_parallelism():
+    """Libra's wider instances for long requests: each bucket's instances are built with its
+    tensor-parallel degree (its KV cache and step times follow); the devices must add up."""
+    from eddyrl.errors import ConfigError
+
+    routing = ["routing.policy=bucket", "rollout.num_workers=3",
+               "routing.buckets=[{name: short, max_tokens: 4000, workers: 2}, "
+               "{name: long, max_tokens: 8000, workers: 1, parallelism: 4}]"]
+    base = [*SMALL, "sim.rollout.tp=2", "sim.train.devices=2", "loop.steps=1",
+            "loop.batch_prompts=4", "rollout.n_samples=2",
+            "sim.workload.max_response_tokens=8000"]
+    controller, runtime = build(load_config(overrides=[*base, "sim.rollout.devices=8",
+                                                       *routing]))
+    assert [engine.cost.tp for engine in runtime.workers] == [2, 2, 4]
+    short, long = runtime.workers[0], runtime.workers[2]
+    assert long.kv_capacity_tokens > 2 * short.kv_capacity_tokens  # 2x devices, same weights
+    assert long.cost.decode_step_seconds(8, 1000) < short.cost.decode_step_seconds(8, 1000)
+    with pytest.raises(ConfigError, match=r"use 8 rollout devices .* sim.rollout.devices = 6"):
+        build(load_config(overrides=[*base, "sim.rollout.devices=6", *routing]))

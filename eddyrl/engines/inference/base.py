@@ -39,6 +39,11 @@ class GenerationRequest:
     # while the request runs: the bucket router's milestones. An engine that cannot report
     # simply never does (the request then stays where it started).
     report_at: tuple[int, ...] = ()
+    # Scheduling priority, lower first (ties in arrival order): the rollout gives each group
+    # its dispatch order, so an engine that is full admits (and keeps, when it must preempt)
+    # the older groups the trainer will wait for first. An engine without priority scheduling
+    # serves in arrival order.
+    priority: int = 0
 
 
 @dataclass(slots=True)

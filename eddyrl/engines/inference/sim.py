@@ -4,53 +4,75 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
 - **continuous batching**: requests join the running batch at the next decode step (up to
   `max_batch_size`), each paying a prefill of its context on admission; a decode step of b
   sequences with mean context c takes `cost.decode_step_seconds(b, c)`;
-- **KV capacity**: the running contexts must fit in `kv_capacity_tokens`; when the batch would
-  overflow it, the most recently admitted sequence is preempted (its tokens are kept and
-  re-prefilled when it is admitted again, as vLLM's recompute preemption does);
+- **priority scheduling**: waiting requests are admitted by (`priority`, arrival), and when the
+  batch would overflow the KV cache (`kv_capacity_tokens`) the lowest-ranked running sequence
+  is preempted (its tokens are kept and re-prefilled when it is admitted again, as vLLM's
+  recompute preemption does);
 - the **inference-engine contract** of `hf`: versions (a request joins the hosted version, waits
   for staged weights, or is refused), delayed weight updates (staged while requests run, applied
   once they drain; with partial rollout at the next step), abort with partial output, progress
-  notes at `report_at` lengths.
+  notes at `report_at` lengths;
+- **multi-turn episodes** (`episode_of`): a sequence that reaches one of its tool calls leaves
+  the batch, keeps its KV cache while the tool runs on the loop's clock (the engine is idle if
+  nothing else runs), then queues again at its rank with the observation appended to its
+  output, and pays only the prefill of the observation (its prefix is cached). When KV runs
+  out, the lowest-ranked holder gives it up: a running sequence is preempted, an idle one
+  (waiting for its tool, or queued after it) loses its cached prefix; either re-prefills its
+  whole context when admitted again (vLLM's prefix cache would evict least recently used
+  blocks instead of ranks, and keep no cache pinned).
 
 Events, not tokens: the batch changes only when a sequence finishes, reaches a progress
-length, the KV cache fills, or something arrives (a request, an abort, weights). Between two
-events the engine sleeps for all the decode steps in one go (the step time taken at the mean
-context over the interval), so the work per request is a few heap operations whatever its
-length. Token counts are kept as one global step counter minus a per-sequence offset.
+length or a tool call, the KV cache fills, or something arrives (a request, an abort, weights,
+a tool's answer). Between two events the engine sleeps for all the decode steps in one go (the
+step time taken at the mean context over the interval), so the work per request is a few heap
+operations whatever its length. Token counts are kept as one global step counter minus a
+per-sequence offset.
 
-What a request generates is the workload's business: `length_of(request)` gives the total
-response length (resumed tokens included; capped by max_new_tokens) and `correct_of(request)`
-whether it is right, encoded as the value of every token id (1: correct, 0: wrong) so that a
-reward function can score the decoded text. Results use `Runs`, not lists.
+What a request generates is the workload's business: `length_of(request)` gives the tokens
+the model generates in all, `episode_of(request)` its tool calls (the output is those tokens
+and the calls' observations, resumed ones included, capped by max_new_tokens), and
+`correct_of(request)` whether it is right, encoded as the value of every token id (1: correct,
+0: wrong) so that a reward function can score the decoded text. Observation tokens carry the
+same value, and the version of the tokens before them: the simulator's training cost counts
+them; the loss mask that would exclude them is not modelled. Results use `Runs`, not lists.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Sequence
 
 from ...scheduler.cost_model import CostModel
 from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
 from .runs import Runs
+
+if TYPE_CHECKING:
+    from ...tasks.workload import ToolCall
 
 
 @dataclass(eq=False, slots=True)
 class _Seq:
     request: GenerationRequest
     out: asyncio.Queue
-    target: int  # generated tokens (resumed included) at which it ends
-    token: int  # the id every generated token carries
-    tokens: int  # generated so far, while not running (running: engine step - offset)
-    order: int = 0  # admission order (the newest is preempted first)
+    target: int  # output tokens (resumed and observations included) at which it ends
+    token: int  # the id every output token carries
+    tokens: int  # output so far, while not running (running: engine step - offset)
+    rank: tuple[int, int]  # (priority, arrival): admitted lowest first, preempted highest first
+    order: int = 0  # the running sequence's key (admission order)
     offset: int = 0
     # (version, token index it started at) for the tokens generated here: one entry unless
     # partial rollout changed the weights under it
     segments: list[tuple[int, int]] = field(default_factory=list)
-    hosted: int | None = None  # version it holds while preempted (None: not started)
+    hosted: int | None = None  # version it holds while off the batch (None: not started)
+    calls: Sequence[ToolCall] = ()  # its episode's tool calls
+    next_call: int = 0  # index in calls of the next one it makes
+    observed: int = 0  # observation tokens in its output (of the calls before next_call)
+    cached: int = 0  # KV tokens it keeps while not running (after a tool call)
 
 
 class SimInferenceEngine(InferenceEngine):
@@ -58,9 +80,12 @@ class SimInferenceEngine(InferenceEngine):
                  correct_of: Callable[[GenerationRequest], bool], max_batch_size: int = 256,
                  kv_capacity_tokens: int | None = None, version: int = 0,
                  partial_rollout: bool = False,
-                 trace: Callable[[str, float, float, dict], None] | None = None) -> None:
+                 trace: Callable[[str, float, float, dict], None] | None = None,
+                 episode_of: Callable[[GenerationRequest], Sequence[ToolCall]] | None = None
+                 ) -> None:
         """`trace(name, start_s, seconds, args)`, if given, receives every busy interval
-        (prefill, decode) for a timeline."""
+        (prefill, decode) for a timeline. `episode_of(request)`, if given, gives a request's
+        tool calls (single-turn without it)."""
         self.cost = cost
         self.length_of = length_of
         self.correct_of = correct_of
@@ -68,13 +93,18 @@ class SimInferenceEngine(InferenceEngine):
         self.kv_capacity_tokens = kv_capacity_tokens or default_kv_capacity(cost)
         self.partial_rollout = partial_rollout
         self.trace = trace
+        self.episode_of = episode_of
         self._version = version
         self._staged: int | None = None
-        self._waiting: list[_Seq] = []  # preempted ones first, then arrivals in order
+        self._waiting: list[_Seq] = []  # by rank: priority, then arrival
         self._running: dict[int, _Seq] = {}
         self._finishes: list[tuple[int, int, _Seq]] = []  # (engine step it ends at, id, seq)
         self._reports: list[tuple[int, int, _Seq]] = []  # (engine step it reports at, id, seq)
+        self._calls: list[tuple[int, int, _Seq]] = []  # (engine step it calls a tool at, id, seq)
+        self._tools: dict[_Seq, asyncio.TimerHandle] = {}  # waiting for a tool: its answer
+        self._held_kv = 0  # KV tokens of sequences that are not running (sum of their cached)
         self._ids = itertools.count()
+        self._arrivals = itertools.count()
         self._step = 0  # decode steps taken by this engine
         self._context_base = 0  # sum over running of (prompt + tokens at step 0 of the offset)
         self._aborted: set[str] = set()
@@ -83,7 +113,10 @@ class SimInferenceEngine(InferenceEngine):
         self._tokens = 0
         self._busy = 0.0
         self._sleeping = False
-        self.preemptions = 0
+        self.preemptions = 0  # running sequences preempted, and idle ones' caches dropped
+        self.tool_calls = 0
+        self.tool_failures = 0
+        self.tool_wait_s = 0.0  # sum of the time sequences waited for tools
 
     @property
     def version(self) -> int:
@@ -97,7 +130,9 @@ class SimInferenceEngine(InferenceEngine):
         out: asyncio.Queue = asyncio.Queue()
         for request in requests:
             resumed = len(request.resume_ids)
-            target = min(max(self.length_of(request), resumed + 1),
+            calls = tuple(self.episode_of(request)) if self.episode_of is not None else ()
+            observations = sum(call.payload_tokens for call in calls)
+            target = min(max(self.length_of(request) + observations, resumed + 1),
                          request.sampling.max_new_tokens)
             if resumed >= request.sampling.max_new_tokens:
                 raise ValueError(f"request {request.request_id}: resumes with {resumed} tokens, "
@@ -107,8 +142,8 @@ class SimInferenceEngine(InferenceEngine):
                 raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = "
                                  f"{longest} tokens exceed the KV cache's "
                                  f"{self.kv_capacity_tokens}")
-            self._waiting.append(_Seq(request, out, target, int(self.correct_of(request)),
-                                      resumed))
+            self._arrive(_Seq(request, out, target, int(self.correct_of(request)), resumed,
+                              (request.priority, next(self._arrivals)), calls=calls))
         self._wake_server()
         remaining = len(requests)
         while remaining:
@@ -144,8 +179,9 @@ class SimInferenceEngine(InferenceEngine):
         self._wake_server()
 
     def stats(self) -> EngineStats:
+        # waiting: queued, or waiting for a tool (not idle: it comes back)
         return EngineStats(running=len(self._running),
-                           waiting=len(self._waiting), version=self._version,
+                           waiting=len(self._waiting) + len(self._tools), version=self._version,
                            tokens_generated=self._tokens, busy_seconds=self._busy,
                            kv_cache_usage=self._kv_used() / self.kv_capacity_tokens,
                            staged_version=self._staged, sleeping=self._sleeping)
@@ -158,18 +194,22 @@ class SimInferenceEngine(InferenceEngine):
 
     async def _serve(self) -> None:
         try:
-            while self._running or self._waiting:
+            while True:
                 self._interrupt.clear()
                 if self.partial_rollout:  # the step under way has completed: new weights now
                     self._apply_staged()
                 self._settle_aborts()
+                if not (self._running or self._waiting):
+                    return  # a tool's answer wakes it again
                 await self._admit()
                 if self._running:
                     await self._decode()
                 elif self._waiting and not self._interrupt.is_set():
                     await self._interrupt.wait()  # e.g. waiting for weights that are not here
         except BaseException as exc:
-            for seq in [*self._running.values(), *self._waiting]:
+            for handle in self._tools.values():
+                handle.cancel()
+            for seq in [*self._running.values(), *self._waiting, *self._tools]:
                 seq.out.put_nowait(exc)
             raise
 
@@ -191,14 +231,15 @@ class SimInferenceEngine(InferenceEngine):
             if need is not None and need > self._version:
                 kept.append(seq)  # waits for the old version to drain; others may pass it
                 continue
-            # first come, first served: once the head does not fit, nothing behind it starts
-            # (room for its context and a step of every sequence, or it would be preempted)
-            if len(self._running) >= self.max_batch_size or \
-                    self._kv_used() + self._context(seq) + len(self._running) + 1 > \
-                    self.kv_capacity_tokens:
+            # in rank order (priority, then first come, first served): once the head does not
+            # fit, nothing behind it starts
+            # (room for its context and a step of every sequence, or it would be preempted;
+            # idle caches of lower-ranked sequences give way)
+            if len(self._running) >= self.max_batch_size or not self._make_room(
+                    self._context(seq) - seq.cached + len(self._running) + 1, seq.rank):
                 kept.extend(self._waiting[index:])
                 break
-            prefill += self.cost.prefill_seconds(self._context(seq))
+            prefill += self.cost.prefill_seconds(self._context(seq) - seq.cached, seq.cached)
             self._start(seq)
         self._waiting = kept
         if prefill:
@@ -215,24 +256,28 @@ class SimInferenceEngine(InferenceEngine):
         if not seq.segments or seq.segments[-1][0] != self._version:
             seq.segments.append((self._version, seq.tokens))
         seq.hosted = None
+        self._held_kv -= seq.cached
+        seq.cached = 0
         self._running[sid] = seq
         self._context_base += len(seq.request.prompt_ids) - seq.offset
         heapq.heappush(self._finishes, (seq.offset + seq.target, sid, seq))
         for length in seq.request.report_at:
             if seq.tokens < length < seq.target:
                 heapq.heappush(self._reports, (seq.offset + length, sid, seq))
+        if self._call_step(seq) < seq.target:
+            heapq.heappush(self._calls, (seq.offset + self._call_step(seq), sid, seq))
 
     async def _decode(self) -> None:
-        """Decode until the next event: a sequence ends or reports, the KV cache fills, or
-        something arrives (then the step under way completes first)."""
+        """Decode until the next event: a sequence ends, reports or calls a tool, the KV cache
+        fills, or something arrives (then the step under way completes first)."""
         batch = len(self._running)
         steps = self._next_event() - self._step
         room = (self.kv_capacity_tokens - self._kv_used()) // batch
         if room < 1:
-            self._preempt_newest()
+            self._free_lowest()
             return
         steps = min(steps, room)
-        mean_context = self._kv_used() / batch + steps / 2
+        mean_context = self._running_kv() / batch + steps / 2
         step_s = self.cost.decode_step_seconds(batch, mean_context)
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -255,12 +300,18 @@ class SimInferenceEngine(InferenceEngine):
             _, sid, seq = heapq.heappop(self._reports)
             if self._running.get(sid) is seq:
                 seq.out.put_nowait(self._result(seq, "progress"))
+        while self._calls and self._calls[0][0] <= self._step:
+            _, sid, seq = heapq.heappop(self._calls)
+            if self._running.get(sid) is seq:
+                seq.cached = self._context(self._stop(sid))
+                self._held_kv += seq.cached
+                seq.hosted = self._version
+                self._call_tool(seq)
         while self._finishes and self._finishes[0][0] <= self._step:
             _, sid, seq = heapq.heappop(self._finishes)
             if self._running.get(sid) is seq:
                 self._stop(sid)
-                done = "length" if seq.target >= seq.request.sampling.max_new_tokens else "stop"
-                self._finish(seq, done)
+                self._finish(seq, self._end_reason(seq))
 
     def _settle_aborts(self) -> None:
         if not self._aborted:
@@ -272,14 +323,91 @@ class SimInferenceEngine(InferenceEngine):
         for seq in [s for s in self._waiting if s.request.request_id in self._aborted]:
             self._waiting.remove(seq)
             self._finish(seq, "abort")
+        for seq in [s for s in self._tools if s.request.request_id in self._aborted]:
+            handle = self._tools.pop(seq)
+            handle.cancel()
+            self.tool_wait_s -= handle.when() - asyncio.get_running_loop().time()  # not waited
+            self._finish(seq, "abort")
         self._aborted.clear()
 
-    def _preempt_newest(self) -> None:
-        sid = max(self._running)
+    def _free_lowest(self) -> None:
+        """Free the KV of the lowest-ranked holder (the newest arrival when priorities tie, as
+        vLLM's FCFS scheduler does): recompute preemption of a running sequence, or the cache
+        of an idle one."""
+        idle = max(self._idle_holders(), key=lambda s: s.rank, default=None)
+        sid = max(self._running, key=lambda s: self._running[s].rank)
+        if idle is not None and idle.rank > self._running[sid].rank:
+            self._drop_cache(idle)
+            return
         seq = self._stop(sid)
         seq.hosted = self._version
-        self._waiting.insert(0, seq)
+        self._queue(seq)
         self.preemptions += 1
+
+    def _make_room(self, tokens: int, rank: tuple[int, int]) -> bool:
+        """Whether `tokens` more fit in the KV cache, after dropping as many idle caches of
+        sequences ranked below `rank` as that takes (lowest first)."""
+        while self._kv_used() + tokens > self.kv_capacity_tokens:
+            below = [seq for seq in self._idle_holders() if seq.rank > rank]
+            if not below:
+                return False
+            self._drop_cache(max(below, key=lambda s: s.rank))
+        return True
+
+    def _idle_holders(self) -> list[_Seq]:
+        return [seq for seq in [*self._tools, *self._waiting] if seq.cached]
+
+    def _drop_cache(self, seq: _Seq) -> None:
+        self._held_kv -= seq.cached
+        seq.cached = 0
+        self.preemptions += 1
+
+    # ---- tools ------------------------------------------------------------------------------
+    def _arrive(self, seq: _Seq) -> None:
+        """Queue a new sequence; a resumed one skips the calls it has passed, and one that
+        stopped while its tool ran calls it again."""
+        while seq.next_call < len(seq.calls) and self._call_step(seq) < seq.tokens:
+            seq.observed += seq.calls[seq.next_call].payload_tokens
+            seq.next_call += 1
+        if self._call_step(seq) != seq.tokens:
+            self._queue(seq)
+            return
+        versions = seq.request.resume_versions  # the answer's tokens carry the last version
+        seq.segments.append((versions[-1] if versions else self._version, seq.tokens))
+        self._call_tool(seq)
+
+    def _call_step(self, seq: _Seq) -> int:
+        """Output tokens at which it makes its next call (past the target if none is left)."""
+        if seq.next_call >= len(seq.calls):
+            return seq.target
+        return seq.calls[seq.next_call].at + seq.observed
+
+    def _call_tool(self, seq: _Seq) -> None:
+        """It waits for the call's answer off the batch (keeping the KV cache and the version
+        the caller set)."""
+        call = seq.calls[seq.next_call]
+        seq.next_call += 1
+        self.tool_calls += 1
+        self.tool_failures += call.failed
+        self.tool_wait_s += call.latency_s
+        self._tools[seq] = asyncio.get_running_loop().call_later(
+            call.latency_s, self._tool_answered, seq, call.payload_tokens)
+
+    def _tool_answered(self, seq: _Seq, payload: int) -> None:
+        """The observation joins its output; it queues again at its rank."""
+        del self._tools[seq]
+        before, seq.tokens = seq.tokens, min(seq.tokens + payload, seq.target)
+        seq.observed += payload
+        if any(before < length <= seq.tokens for length in seq.request.report_at):
+            seq.out.put_nowait(self._result(seq, "progress"))
+        if seq.tokens < seq.target:
+            self._queue(seq)
+            self._wake_server()
+        else:  # the answer reached max_new_tokens
+            self._finish(seq, self._end_reason(seq))
+
+    def _queue(self, seq: _Seq) -> None:
+        bisect.insort(self._waiting, seq, key=lambda s: s.rank)
 
     def _stop(self, sid: int) -> _Seq:
         seq = self._running.pop(sid)
@@ -289,8 +417,10 @@ class SimInferenceEngine(InferenceEngine):
 
     # ---- versions ---------------------------------------------------------------------------
     def _holds_version(self) -> bool:
-        """Whether some request still needs the hosted weights (running, or preempted)."""
-        return bool(self._running) or any(s.hosted is not None for s in self._waiting)
+        """Whether some request still needs the hosted weights (running, preempted, or
+        waiting for a tool)."""
+        return bool(self._running) or \
+            any(s.hosted is not None for s in [*self._waiting, *self._tools])
 
     def _wants_newer(self, seq: _Seq) -> bool:
         return seq.request.version is None or seq.request.version > self._version
@@ -307,15 +437,26 @@ class SimInferenceEngine(InferenceEngine):
         ends = self._finishes[0][0]
         if self._reports:
             ends = min(ends, self._reports[0][0])
+        if self._calls:
+            ends = min(ends, self._calls[0][0])
         return max(ends, self._step + 1)
 
-    def _kv_used(self) -> int:
+    def _running_kv(self) -> int:
         return self._context_base + len(self._running) * self._step
+
+    def _kv_used(self) -> int:
+        return self._running_kv() + self._held_kv
 
     def _context(self, seq: _Seq) -> int:
         return len(seq.request.prompt_ids) + seq.tokens
 
+    @staticmethod
+    def _end_reason(seq: _Seq) -> str:
+        return "length" if seq.target >= seq.request.sampling.max_new_tokens else "stop"
+
     def _finish(self, seq: _Seq, reason: str) -> None:
+        self._held_kv -= seq.cached
+        seq.cached = 0
         seq.out.put_nowait(self._result(seq, reason))
 
     def _result(self, seq: _Seq, reason: str) -> GenerationResult:

@@ -1,0 +1,50 @@
+"""Priority scheduling in the simulated engine: requests carry their group's dispatch order
+(`GenerationRequest.priority`), and a full engine admits and keeps the older ones first."""
+
+import asyncio
+
+from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.engines.inference.sim import SimInferenceEngine
+from eddyrl.runtime.virtual_clock import run_virtual
+from eddyrl.scheduler.cost_model import CostModel
+
+COST = CostModel("H100", "Qwen3-4B")
+
+
+def _run(requests, **kwargs):
+    engine = SimInferenceEngine(COST, length_of=lambda r: 400, correct_of=lambda r: True,
+                                **kwargs)
+
+    async def go():
+        order = []
+        async for result in engine.generate(requests):
+            order.append(result.request_id)
+        return order
+
+    return run_virtual(go())[0], engine
+
+
+def _request(rid, priority):
+    return GenerationRequest(rid, [0] * 100, SamplingParams(max_new_tokens=500),
+                             priority=priority)
+
+
+def test_a_full_batch_admits_the_lowest_priority_value_first_whatever_the_arrival():
+    arrivals = [_request(f"r{p}", p) for p in (3, 1, 2, 0)]
+    order, _ = _run(arrivals, max_batch_size=1)
+    assert order == ["r0", "r1", "r2", "r3"]
+    fcfs, _ = _run([_request(f"r{i}", 0) for i in (3, 1, 2, 0)], max_batch_size=1)
+    assert fcfs == ["r3", "r1", "r2", "r0"]  # equal priorities: arrival order
+
+
+def test_a_full_kv_cache_preempts_the_lowest_priority_sequence_not_the_newest():
+    """Room for about two whole sequences: the old group (priority 0) arrives last, but the
+    one preempted (and so finishing last) is the lowest priority; with equal priorities it
+    is the newest arrival, as in vLLM's first-come-first-served scheduler."""
+    capacity = 2 * (100 + 400) + 40
+    order, engine = _run([_request("new", 5), _request("newer", 6), _request("old", 0)],
+                         kv_capacity_tokens=capacity)
+    assert order[-1] == "newer" and engine.preemptions >= 1
+    fcfs, engine = _run([_request("new", 0), _request("newer", 0), _request("old", 0)],
+                        kv_capacity_tokens=capacity)
+    assert fcfs[-1] == "old" and engine.preemptions >= 1
