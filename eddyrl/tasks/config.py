@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..validation import check_choice, check_range, contradiction
 from ..errors import ConfigError
+from .dataset import check_suffix
+from .formats import FORMATS
+
+
+@dataclass(kw_only=True, slots=True)
+class DataFields:
+    """Where a row keeps its prompt and answer, as dotted paths into the row (e.g.
+    `reward_model.ground_truth`); None: the name `data.format` uses."""
+
+    prompt: str | None = None
+    answer: str | None = None
+
+    def validate(self, prefix: str) -> None:
+        for name in ("prompt", "answer"):
+            value = getattr(self, name)
+            if value is not None and (not value or any(not p for p in value.split("."))):
+                raise ConfigError(f"config key '{prefix}.{name}' = {value!r} must be a field "
+                                  "name or a dotted path such as 'reward_model.ground_truth'")
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     task: str = "arith"  # the built-in synthetic task, generated when no paths are given
-    train_path: str | None = None  # JSONL rows {"prompt": str, "answer": str, ...}
+    # .jsonl / .json (JSON lines) or .parquet files; rows laid out as `format` says
+    train_path: str | None = None
     eval_path: str | None = None
+    format: str = "plain"  # plain {prompt, answer} | gsm8k | dapo_math (tasks/formats.py)
+    fields: DataFields = field(default_factory=DataFields)  # overrides the format's field names
     train_size: int = 20000  # rows generated for the built-in task
     eval_size: int = 500
     reward_fn: str = "eddyrl.tasks.reward:reward"  # dotted path: fn(response, answer) -> float
@@ -21,6 +42,8 @@ class DataConfig:
 
     def validate(self, prefix: str) -> None:
         check_choice(f"{prefix}.task", self.task, ["arith"])
+        check_choice(f"{prefix}.format", self.format, list(FORMATS))
+        self.fields.validate(f"{prefix}.fields")
         check_range(f"{prefix}.train_size", self.train_size, 1)
         check_range(f"{prefix}.eval_size", self.eval_size, 1)
         check_range(f"{prefix}.max_prompt_tokens", self.max_prompt_tokens, 1)
@@ -31,3 +54,16 @@ class DataConfig:
         if (self.train_path is None) != (self.eval_path is None):
             raise contradiction(f"{prefix}.train_path and {prefix}.eval_path must be given "
                                 "together (or neither, to generate the built-in task)")
+        if self.train_path is None:
+            custom = (self.format != "plain" or self.fields.prompt is not None
+                      or self.fields.answer is not None)
+            if custom:
+                raise contradiction(f"{prefix}.format / {prefix}.fields describe data files, "
+                                    f"but {prefix}.train_path and {prefix}.eval_path are not "
+                                    "set (the built-in task is always 'plain')")
+            return
+        for key in ("train_path", "eval_path"):
+            try:
+                check_suffix(getattr(self, key))
+            except ValueError as error:
+                raise ConfigError(f"config key '{prefix}.{key}': {error}") from None

@@ -1,15 +1,29 @@
-"""Prompt datasets as JSONL: one `{"prompt": str, "answer": str, ...}` object per line.
+"""Prompt datasets on disk: JSON lines (`.jsonl`, `.json`: one object per line) or Parquet
+(`.parquet`, read with pyarrow), chosen by the file's suffix.
 
-Extra fields (such as `num_terms`) are kept as they are. Loading checks every row so that
-a bad file fails at start-up with its name and line, not hours later inside a rollout.
+Each record becomes a `{"prompt", "answer", ...}` row through a row format (formats.py), and
+extra fields (such as `num_terms`) are kept. Loading checks every row so that a bad file fails
+at start-up naming the file, the 1-based row and the field, not hours later inside a rollout.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Iterator
 
-REQUIRED_FIELDS = {"prompt": str, "answer": str}
+from .formats import FORMATS, RowError, RowFormat, normalize
+
+READERS_BY_SUFFIX = {".jsonl": "json lines", ".json": "json lines", ".parquet": "parquet"}
+PARQUET_EXTRA = "eddyrl[data]"
+
+
+def check_suffix(path: str | Path) -> None:
+    """ValueError naming the path when its suffix is not one this module reads."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in READERS_BY_SUFFIX:
+        raise ValueError(f"data file '{path}' has suffix {suffix or '(none)'!r}; readable "
+                         f"suffixes: {', '.join(READERS_BY_SUFFIX)} (JSON lines or Parquet)")
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -18,31 +32,54 @@ def write_rows(path: Path, rows: list[dict]) -> None:
             file.write(json.dumps(row) + "\n")
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Every row of `path`; raises ValueError naming the file and 1-based row on a bad row."""
+def read_rows(path: str | Path, fmt: RowFormat = FORMATS["plain"]) -> list[dict]:
+    """Every row of `path` in format `fmt`; ValueError naming the file (and the 1-based row and
+    field for a bad row) when the file is missing, unreadable or holds a bad row."""
+    path = Path(path)
+    check_suffix(path)
+    if not path.is_file():
+        raise ValueError(f"data file '{path}' does not exist")
     rows = []
-    with open(path, encoding="utf-8") as file:
-        for row_number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            rows.append(_parse_row(line, path, row_number))
+    for row_number, record in read_records(path):
+        try:
+            rows.append(normalize(record, fmt))
+        except RowError as error:
+            raise ValueError(f"{path}: row {row_number}: {error}") from None
     return rows
 
 
-def _parse_row(line: str, path: Path, row_number: int) -> dict:
-    where = f"{path}: row {row_number}"
+def read_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, raw record) for each row of a JSON lines or Parquet file."""
+    if READERS_BY_SUFFIX[path.suffix.lower()] == "parquet":
+        return _parquet_records(path)
+    return _json_lines_records(path)
+
+
+def _json_lines_records(path: Path) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8") as file:
+        for row_number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue  # blank lines are skipped but counted, so row numbers are line numbers
+            try:
+                yield row_number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}: row {row_number}: not valid JSON ({error.msg}); "
+                                 "expected one JSON object per line") from None
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    for field, expected_type in REQUIRED_FIELDS.items():
-        if field not in row:
-            raise ValueError(f"{where}: missing field {field!r}")
-        if not isinstance(row[field], expected_type):
-            raise ValueError(
-                f"{where}: field {field!r} must be {expected_type.__name__}, "
-                f"got {type(row[field]).__name__}"
-            )
-    return row
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"data file '{path}' is Parquet, which needs pyarrow: "
+                         f"pip install '{PARQUET_EXTRA}' (or pip install pyarrow)") from None
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as error:  # pyarrow's errors vary by version; the message is what matters
+        raise ValueError(f"data file '{path}' is not a readable Parquet file "
+                         f"({type(error).__name__}: {error})") from None
+    row_number = 0
+    for batch in parquet.iter_batches(batch_size=4096):
+        for record in batch.to_pylist():  # structs become dicts, lists of structs lists of dicts
+            row_number += 1
+            yield row_number, record

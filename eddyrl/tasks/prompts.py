@@ -12,12 +12,13 @@ from ..errors import ConfigError
 from ..tasks.arith import ArithTaskConfig, write_splits
 from ..tasks.config import DataConfig
 from ..tasks.dataset import read_rows
+from ..tasks.formats import row_format
 
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
     index: int  # row number in its split (0-based), the prompt's identity in the ledger
-    prompt: str
+    prompt: str  # chat-message prompts: their contents joined (prompt_text)
     answer: str
     prompt_ids: tuple[int, ...]
 
@@ -32,17 +33,15 @@ class PromptSet:
                   overflow: str) -> "PromptSet":
         prompts, truncated = [], 0
         for index, row in enumerate(rows):
-            messages = [{"role": "user", "content": row["prompt"]}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = prompt_ids(tokenizer, row["prompt"])
             if len(ids) > max_tokens:
                 if overflow == "error":
                     raise ConfigError(f"{source}: row {index + 1}: prompt is {len(ids)} tokens, "
                                       f"more than data.max_prompt_tokens={max_tokens} (raise it, "
                                       "or set data.prompt_overflow=truncate)")
                 ids, truncated = ids[-max_tokens:], truncated + 1  # keep the assistant header
-            prompts.append(Prompt(index, row["prompt"], str(row["answer"]), tuple(ids)))
+            prompts.append(Prompt(index, prompt_text(row["prompt"]), str(row["answer"]),
+                                  tuple(ids)))
         if not prompts:
             raise ConfigError(f"{source}: no prompt rows")
         return cls(prompts, truncated)
@@ -60,21 +59,41 @@ class PromptSet:
             epoch += 1
 
 
+def prompt_text(prompt: str | list[dict]) -> str:
+    """A prompt as one string: itself, or its chat messages' contents joined by blank lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(message["content"] for message in prompt)
+
+
+def prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """Token ids of a prompt ready for generation. A string is one user turn; a list of chat
+    messages is used as it is. With a chat template (`tokenizer.chat_template`) the messages
+    are rendered by it, ending in the assistant header; without one, the messages' contents
+    are joined by blank lines (`prompt_text`) and tokenized as plain text."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(tokenizer(prompt_text(prompt))["input_ids"])
+
+
 def load_splits(config: DataConfig, data_dir: Path, seed: int) -> tuple[list[dict], list[dict],
                                                                        str, str]:
     """Train and eval rows with the file each came from; the built-in task is generated into
-    `data_dir` (deterministic in `seed`) when no paths are configured."""
+    `data_dir` (deterministic in `seed`) when no paths are configured. Configured files are
+    read in `config.format` with `config.fields` in place of its field names."""
     if config.train_path is None:
         train_path, eval_path = write_splits(data_dir, seed, config.train_size, config.eval_size,
                                              ArithTaskConfig())
     else:
         train_path, eval_path = Path(config.train_path), Path(config.eval_path)
+    fmt = row_format(config.format, config.fields.prompt, config.fields.answer)
     rows = []
-    for path in (train_path, eval_path):
-        if not path.is_file():
-            raise ConfigError(f"data file '{path}' does not exist")
+    for key, path in (("train_path", train_path), ("eval_path", eval_path)):
         try:
-            rows.append(read_rows(path))
+            rows.append(read_rows(path, fmt))
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"data.{key}: {exc}") from None
     return rows[0], rows[1], str(train_path), str(eval_path)

@@ -62,8 +62,13 @@ def test_bench_sim_compares_policies_side_by_side(tmp_path, capsys):
     assert rows["sync"]["speedup"] == 1.0 and rows["sync"]["staleness_max"] == 0
     assert rows["one_step"]["staleness_max"] <= 1 and rows["all"]["staleness_max"] <= 3
     assert set(POLICIES) >= set(rows)
-    for name in ("policies.png", "timeline_sync.png", "timeline_all.png"):
-        assert (tmp_path / name).stat().st_size > 1000
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the plots extra is not installed: no PNG, said so
+        assert "no plots" in out
+    else:
+        for name in ("policies.png", "timeline_sync.png", "timeline_all.png"):
+            assert (tmp_path / name).stat().st_size > 1000
 
 
 def test_the_timeline_shows_a_worker_lent_to_training(tmp_path):
@@ -82,6 +87,7 @@ def test_the_timeline_shows_a_worker_lent_to_training(tmp_path):
     lent = [(e["name"], e["tid"]) for e in timeline.events if e["pid"] == 1
             and e["name"] in ("join", "replica", "leave")]
     assert lent == [("join", 3), ("replica", 3), ("leave", 3)]
+    pytest.importorskip("matplotlib")
     timeline.plot(str(tmp_path / "t.png"), "elastic")
     assert (tmp_path / "t.png").stat().st_size > 1000
 
