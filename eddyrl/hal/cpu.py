@@ -96,3 +96,14 @@ class CpuPlatform(Platform):
 
     def get_rng_state(self) -> dict[str, torch.Tensor]:
         return {"cpu": torch.get_rng_state()}
+
+    def inference_engine_env(self) -> dict[str, str]:
+        # vLLM's CPU backend runs its one worker in a process of its own unless the first is
+        # 0: a process more (~5 s of start-up), and weight buckets sent to the worker by RPC
+        # arrive as buffer views that its executor cannot pickle on to that process.
+        # The engine's process computes with the threads this worker was given
+        # (cluster.threads_per_worker) but one, which the worker's own process needs to take
+        # the tokens it streams back: with every core, the engine's spinning threads starve
+        # it (measured on 2 cores: ~4,500 tokens/s with 1 thread, ~400 with 2).
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() - 1))}

@@ -1,6 +1,9 @@
 """The property every RL framework depends on and too few test: for the same tokens and the
 same weights, the inference engine's per-token log-probs equal the training engine's (fp32 on
-CPU: max abs difference below 1e-4), at the sampling temperature, through the real batch path."""
+CPU: max abs difference below 1e-4), at the sampling temperature, through the real batch path.
+Run for every inference engine (the `engine` fixture, conftest.py): `hf` computes them with the
+same transformers model as the trainer; `vllm` with its own kernels (fp32 here too) and its
+processed log-probs (after temperature), so the bound holds there as well."""
 
 import asyncio
 
@@ -10,16 +13,15 @@ from transformers import AutoTokenizer
 from eddyrl.core.batching import build_train_batch
 from eddyrl.core.trajectory import Group, Trajectory
 from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.engines.registry import load_engine_class
 from eddyrl.hal import get_platform
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_inference_and_training_logprobs_agree(tiny_model_dir, tmp_path, temperature):
+def test_inference_and_training_logprobs_agree(engine, tiny_model_dir, tmp_path, temperature):
     platform = get_platform("cpu")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    sampler = HFInferenceEngine(tiny_model_dir, platform, seed=5)
+    sampler = engine
     prompts = ["add 1 2", "add 9 9 9 9", "add 3"]
     groups = []
     for i, text in enumerate(prompts):
@@ -48,4 +50,6 @@ def test_inference_and_training_logprobs_agree(tiny_model_dir, tmp_path, tempera
     mask = batch.loss_mask.bool()
     diff = (trained - batch.old_logprobs)[mask].abs()
     assert mask.sum() > 50
+    print(f"{type(engine).__name__} T={temperature}: max |inference - training| = "
+          f"{diff.max().item():.2e} over {int(mask.sum())} tokens")
     assert diff.max().item() < 1e-4, f"max |inference - training| = {diff.max().item():.2e}"

@@ -1,4 +1,6 @@
-"""The inference-engine contract, on the `hf` engine with the tiny model on the CPU."""
+"""The inference-engine contract, on every engine (`hf`, `vllm`) with the tiny model on the CPU.
+The `engine` fixture (conftest.py) is parametrised over the engines; counters are read as
+differences, since the vllm engine is shared by the tests."""
 
 import asyncio
 
@@ -7,13 +9,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.hf import HFInferenceEngine
-from eddyrl.hal import get_platform
-
-
-@pytest.fixture()
-def engine(tiny_model_dir):
-    return HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3)
 
 
 def _requests(n, max_new=12, prompt=(1, 35, 33, 19), temperature=1.0):
@@ -26,7 +21,15 @@ async def _collect(engine, requests):
     return [r async for r in engine.generate(requests)]
 
 
+async def _until_generated(engine, tokens):
+    """Wait until the engine generated `tokens` more tokens than when called."""
+    goal = engine.stats().tokens_generated + tokens
+    while engine.stats().tokens_generated < goal:
+        await asyncio.sleep(0.001)
+
+
 def test_generate_returns_every_request_with_logprobs_and_versions(engine):
+    before = engine.stats().tokens_generated
     results = asyncio.run(_collect(engine, _requests(6)))
     assert sorted(r.request_id for r in results) == [f"r{i}" for i in range(6)]
     for r in results:
@@ -36,7 +39,8 @@ def test_generate_returns_every_request_with_logprobs_and_versions(engine):
         assert all(lp <= 0 for lp in r.logprobs)
     stats = engine.stats()
     assert stats.running == stats.waiting == 0
-    assert stats.tokens_generated == sum(len(r.token_ids) for r in results)
+    assert stats.tokens_generated - before == sum(len(r.token_ids) for r in results)
+    assert stats.busy_seconds > 0
 
 
 def test_logprobs_agree_with_a_plain_forward(engine, tiny_model_dir):
@@ -63,8 +67,7 @@ def test_abort_returns_partial_output(engine):
                 first.append(result)
 
         task = asyncio.create_task(consume())
-        while engine.stats().tokens_generated < 9:
-            await asyncio.sleep(0.001)
+        await _until_generated(engine, 9)
         await engine.abort(["r1"])
         await task
         return first
@@ -94,9 +97,7 @@ def test_resumed_request_keeps_its_history(engine):
 def test_load_weights_changes_outputs_and_version(engine, tiny_model_dir):
     greedy = _requests(2, temperature=0.0)
     before = asyncio.run(_collect(engine, greedy))
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    torch.manual_seed(11)
-    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    new = _shifted_weights(tiny_model_dir, 11)[0]
     names = list(new)
     buckets = [{k: new[k] for k in names[:10]}, {k: new[k] for k in names[10:]}]
     asyncio.run(engine.load_weights(4, buckets))
@@ -108,7 +109,9 @@ def test_load_weights_changes_outputs_and_version(engine, tiny_model_dir):
         asyncio.run(engine.load_weights(5, [{"not.a.weight": torch.zeros(1)}]))
     with pytest.raises(KeyError, match="lacks"):
         asyncio.run(engine.load_weights(5, [{names[0]: new[names[0]]}]))
-    assert engine.version == 4
+    assert engine.version == 4 and engine.stats().staged_version is None
+    assert [r.token_ids for r in asyncio.run(_collect(engine, greedy))] == \
+        [r.token_ids for r in after]  # a refused update left the loaded weights alone
 
 
 def test_sleep_and_wake(engine):
@@ -117,6 +120,7 @@ def test_sleep_and_wake(engine):
     with pytest.raises(RuntimeError, match="sleeping"):
         asyncio.run(_collect(engine, _requests(1)))
     asyncio.run(engine.wake())
+    assert not engine.stats().sleeping
     assert len(asyncio.run(_collect(engine, _requests(2)))) == 2
 
 
@@ -133,18 +137,20 @@ def _shifted_weights(tiny_model_dir, seed):
 
 
 @pytest.mark.parametrize("partial", [False, True])
-def test_weights_loaded_mid_generation(tiny_model_dir, partial):
+def test_weights_loaded_mid_generation(engine, tiny_model_dir, partial):
     """Delayed update keeps every running trajectory on one version (C1) and applies the new
     weights once they drained; partial rollout switches at the next step and records it."""
-    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3,
-                               partial_rollout=partial)
+    engine.configure(partial_rollout=partial)
 
     async def scenario():
         task = asyncio.create_task(_collect(engine, _requests(3, max_new=100)))
-        while engine.stats().tokens_generated < 30:
-            await asyncio.sleep(0.001)
+        await _until_generated(engine, 30)
         await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
         staged = engine.stats().staged_version
+        if not partial:  # a failed update leaves the staged one as it was
+            with pytest.raises(KeyError, match="do not belong"):
+                await engine.load_weights(2, [{"not.a.weight": torch.zeros(1)}])
+            assert engine.stats().staged_version == 1 and engine.stats().running
         first = await task
         later = await _collect(engine, _requests(2, max_new=5))
         return staged, first, later
@@ -166,17 +172,15 @@ def _versioned(n, version, max_new=40, prefix="v"):
             for i in range(n)]
 
 
-def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny_model_dir):
+def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(engine,
+                                                                           tiny_model_dir):
     """DORA's worker contract: staged weights do not evict the hosted version while requests of
     it still arrive (migration, legacy fill); a request for the staged version waits for the
     running ones to drain and then runs on it; a request for a version that is gone comes back
     "refused", untouched."""
-    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=5)
-
     async def scenario():
         old = asyncio.create_task(_collect(engine, _versioned(2, 0, max_new=60)))
-        while engine.stats().tokens_generated < 10:
-            await asyncio.sleep(0.001)
+        await _until_generated(engine, 10)
         await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
         assert engine.stats().staged_version == 1 and engine.version == 0
         joined = await _collect(engine, _versioned(2, 0, max_new=5, prefix="late"))
@@ -196,15 +200,13 @@ def test_version_tagged_requests_join_the_hosted_version_or_wait_for_staged(tiny
         asyncio.run(_collect(engine, _versioned(1, 1) + _versioned(1, 2)))
 
 
-def test_configure_changes_batch_size_and_partial_rollout_while_running(tiny_model_dir):
+def test_configure_changes_batch_size_and_partial_rollout_while_running(engine,
+                                                                       tiny_model_dir):
     """The adaptive scheduler's plans: a smaller batch from the next chunk on; switching
     partial rollout on applies weights that were waiting for running requests to drain."""
-    engine = HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3)
-
     async def scenario():
         task = asyncio.create_task(_collect(engine, _requests(2, max_new=80)))
-        while engine.stats().tokens_generated < 10:
-            await asyncio.sleep(0.001)
+        await _until_generated(engine, 10)
         await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
         assert engine.stats().staged_version == 1  # delayed: requests still running
         engine.configure(partial_rollout=True, max_batch_size=2)

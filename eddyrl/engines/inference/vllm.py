@@ -1,0 +1,415 @@
+"""`vllm`: vLLM's async engine (`AsyncLLM`, v1) behind the inference-engine contract, with the
+`hf` engine's semantics (hf.py): per-token log-probs and versions, abort with partial output,
+resume, version-tagged requests, delayed or partial-rollout weight updates, progress notes.
+
+How the contract maps onto vLLM:
+- A request runs as one vLLM request per *segment*: prompt + its tokens so far as a
+  `TokensPrompt`, `max_tokens` = what is left. Tokens stream back as deltas with the sampled
+  token's log-prob. `logprobs_mode="processed_logprobs"` makes that log_softmax(logits / T) at
+  the token (at T = 1 when greedy), the quantity the trainer recomputes, as long as top-k / top-p
+  are off; with them on vLLM renormalises over the kept tokens, so it reports log p + (-log kept
+  mass), where `hf` (sampling.py) does not renormalise.
+- Weights are staged inside vLLM's worker bucket by bucket while decoding goes on
+  (vllm_weights.py) and applied between two engine steps by vLLM's in-place reload; the prefix
+  cache is then reset, its KV being the old weights'. Delayed updates wait for the requests of
+  the hosted version to drain, as in `hf`. Partial rollout interrupts the running requests
+  (abort, which returns every token so far), applies, and resumes each as a new segment: the new
+  weights re-prefill prompt + tokens, where `hf` keeps the KV cache the old weights computed.
+- vLLM's client objects belong to one event loop. The adapter keeps them on a private loop in a
+  thread, so callers may use any loop (`asyncio.run` per call, Ray's actor loop) and all engine
+  state changes on that one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, Iterable
+
+import torch
+
+from ...hal import Platform
+from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
+from .vllm_api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
+from .vllm_loop import LoopThread, Slots
+from .vllm_weights import pack, weight_names
+
+logger = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass
+class _Trajectory:
+    request: GenerationRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:  # resumed (partial) requests keep their history
+        self.tokens = list(self.request.resume_ids)
+        self.logprobs = list(self.request.resume_logprobs)
+        self.versions = list(self.request.resume_versions)
+
+    def extend(self, token_ids, logprobs, version: int) -> None:
+        if len(token_ids) != len(logprobs or ()):
+            raise RuntimeError(f"vLLM returned {len(token_ids)} tokens but "
+                               f"{len(logprobs or ())} log-probs for {self.request.request_id}")
+        for token, entry in zip(token_ids, logprobs):
+            self.tokens.append(token)
+            self.logprobs.append(entry[token].logprob)  # the sampled token is always there
+            self.versions.append(version)
+
+    def result(self, reason: str, length: int | None = None) -> GenerationResult:
+        end = len(self.tokens) if length is None else length
+        return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
+                                self.tokens[:end], self.logprobs[:end], self.versions[:end],
+                                reason)
+
+
+class VLLMInferenceEngine(InferenceEngine):
+    def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
+                 max_batch_size: int = 256, version: int = 0, partial_rollout: bool = False,
+                 dtype: str = "float32", kv_cache_bytes: int | None = None) -> None:
+        self.platform = platform
+        self.api = VLLMApi.detect(platform)
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        self.max_positions = int(config.get("max_position_embeddings", 1 << 30))
+        self._weight_names, self._known_names = weight_names(model_path, config)
+        self.max_batch_size = max_batch_size
+        self.partial_rollout = partial_rollout
+        self._version = version
+        self._staged: int | None = None  # version staged in the worker, waiting to apply
+        self._sleeping = False
+        self._waiting = self._running = self._tokens = 0
+        self._users = 0  # requests admitted on the hosted version and not yet final
+        self._busy = 0.0
+        self._busy_since: float | None = None
+        self._kv_cache_usage = 0.0
+        self._aborted: set[str] = set()
+        self._interrupted: set[str] = set()  # stopped for a weight switch, to resume
+        self._live: dict[str, str] = {}  # request id -> id of its running vLLM segment
+        self._segment_ids = itertools.count()
+        self._slots = Slots(max_batch_size)
+        self._drained = asyncio.Event()  # set whenever no admitted request remains
+        self._drained.set()
+        self._idle = asyncio.Event()  # set whenever no segment runs in vLLM
+        self._idle.set()
+        self._gate = asyncio.Event()  # cleared while weights are being switched
+        self._gate.set()
+        self._switching = asyncio.Lock()
+        self._loading = asyncio.Lock()
+        args = self.api.engine_args(
+            model=model_path, dtype=dtype, seed=seed, max_model_len=self.max_positions,
+            max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
+            enforce_eager=True,  # graph capture / compilation would cost more than it saves here
+            distributed_executor_backend="uni",  # one worker, inside the engine-core process
+            worker_extension_cls="eddyrl.engines.inference.vllm_weights.WeightStaging",
+            kv_cache_memory_bytes=kv_cache_bytes or kv_cache_bytes_for(
+                config, max_batch_size, self.max_positions, getattr(torch, dtype).itemsize),
+            enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True)
+        self._thread = LoopThread()  # vLLM's client objects are made on the loop they use
+        self._llm = self._thread.run(self.api.start(args, platform.inference_engine_env(),
+                                                    self._record_scheduler))
+
+    def _record_scheduler(self, stats) -> None:
+        self._kv_cache_usage = float(stats.kv_cache_usage)
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process and the adapter's thread."""
+        async def shutdown() -> None:
+            self._llm.shutdown()
+        self._thread.run(shutdown())
+        self._thread.stop()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- generation (caller's loop) ---------------------------------------------------------
+    async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue = asyncio.Queue()
+
+        def emit(item) -> None:
+            if not loop.is_closed():  # a caller gone with its loop hears nothing more
+                loop.call_soon_threadsafe(results.put_nowait, item)
+
+        job = self._thread.submit(self._generate(list(requests), emit))
+        job.add_done_callback(lambda _: emit(_END))  # after every result it emitted
+        try:
+            while (item := await results.get()) is not _END:
+                yield item
+            job.result()  # re-raise the engine side's error
+        finally:
+            job.cancel()  # a caller that stops listening leaves no request running
+
+    # ---- generation (adapter's loop) --------------------------------------------------------
+    async def _generate(self, requests: list[GenerationRequest], emit) -> None:
+        if not requests:
+            return
+        for request in requests:
+            self._check(request)
+        if self._sleeping:
+            raise RuntimeError("generate called on a sleeping engine; call wake() first")
+        self._waiting += len(requests)
+        try:
+            hosted = await self._switch_for(requests)
+        except BaseException:
+            self._waiting -= len(requests)
+            raise
+        if not hosted:  # its weights are gone: the caller places it elsewhere
+            self._waiting -= len(requests)
+            for request in requests:
+                emit(_Trajectory(request).result("refused"))
+            return
+        self._users += len(requests)  # admitted with no await since the version check
+        self._drained.clear()
+        tasks = [asyncio.ensure_future(self._run(request, emit)) for request in requests]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _check(self, request: GenerationRequest) -> None:
+        total = len(request.prompt_ids) + request.sampling.max_new_tokens
+        if total > self.max_positions:
+            raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
+                             f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
+                             f"exceeds the model's {self.max_positions} positions")
+        if len(request.resume_ids) >= request.sampling.max_new_tokens:
+            raise ValueError(f"request {request.request_id}: resumes with "
+                             f"{len(request.resume_ids)} tokens, max_new_tokens is "
+                             f"{request.sampling.max_new_tokens}; nothing is left to generate")
+        if len(request.resume_logprobs) != len(request.resume_ids) or \
+                len(request.resume_versions) != len(request.resume_ids):
+            raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
+                             "differ in length")
+
+    async def _switch_for(self, requests: list[GenerationRequest]) -> bool:
+        """As `hf`: join the hosted version, or wait for the running requests to drain and
+        apply the staged (newer) weights; False when the version is older than the hosted one.
+        Returns with no await after its last check, so the caller admits on that version."""
+        wanted = {r.version for r in requests if r.version is not None}
+        if len(wanted) > 1:
+            raise ValueError(f"one generate call mixes versions {sorted(wanted)}; split it")
+        need = None if self.partial_rollout or not wanted else wanted.pop()
+        while True:
+            await self._gate.wait()  # not while weights are being switched
+            if (need is None and self._staged is None) or \
+                    (need is not None and self._version >= need):
+                return need is None or need == self._version
+            if need is not None and (self._staged is None or self._staged < need):
+                raise ValueError(f"request {requests[0].request_id} needs version {need}; "
+                                 f"this engine hosts {self._version} and has "
+                                 f"{self._staged if self._staged is not None else 'nothing'} "
+                                 "staged")
+            await self._drained.wait()
+            if self._users == 0:
+                await self._apply_staged()
+
+    async def _run(self, request: GenerationRequest, emit) -> None:
+        trajectory = _Trajectory(request)
+        rid = request.request_id
+        started = False
+        try:
+            reason = "abort"  # aborted while waiting for a slot
+            if await self._slots.acquire(lambda: rid in self._aborted):
+                started = True
+                self._waiting -= 1
+                self._running += 1
+                reason = await self._decode(trajectory, emit)
+            emit(trajectory.result(reason))
+        finally:
+            if started:
+                self._running -= 1
+                await self._slots.release()
+            else:
+                self._waiting -= 1
+            self._aborted.discard(rid)
+            self._interrupted.discard(rid)
+            self._users -= 1
+            if self._users == 0:
+                self._drained.set()  # staged weights wait for a request that needs them
+
+    async def _decode(self, trajectory: _Trajectory, emit) -> str:
+        rid = trajectory.request.request_id
+        while True:
+            await self._gate.wait()  # a weight switch in progress: resume on the new weights
+            if rid in self._aborted:
+                return "abort"
+            reason = await self._segment(trajectory, emit)
+            if reason != "abort" or rid not in self._interrupted:
+                return reason
+            self._interrupted.discard(rid)
+
+    async def _segment(self, trajectory: _Trajectory, emit) -> str:
+        """One vLLM request from the trajectory's tokens so far; returns vLLM's finish reason."""
+        request, rid = trajectory.request, trajectory.request.request_id
+        vid = f"{rid}#{next(self._segment_ids)}"
+        version = self._version  # constant: weights switch only when no segment runs
+        self._enter(rid, vid)
+        reason, stopping = None, False
+        try:
+            prompt = TokensPrompt(prompt_token_ids=request.prompt_ids + trajectory.tokens)
+            params = sampling_params(request.sampling,
+                                     request.sampling.max_new_tokens - len(trajectory.tokens))
+            async for out in self._llm.generate(prompt, params, vid):
+                completion = out.outputs[0]
+                before = len(trajectory.tokens)
+                trajectory.extend(completion.token_ids, completion.logprobs, version)
+                now = len(trajectory.tokens)
+                self._tokens += now - before
+                for length in sorted(request.report_at):  # passed, and not where it ended
+                    if before < length <= now and (length < now or not out.finished):
+                        emit(trajectory.result("progress", length))
+                if out.finished:
+                    reason = completion.finish_reason
+                elif not stopping and (rid in self._aborted or rid in self._interrupted):
+                    stopping = True  # asked to stop before vLLM knew this request id
+                    await self._llm.abort(vid)
+        finally:
+            self._leave(rid)
+        if reason not in ("stop", "length", "abort"):
+            raise RuntimeError(f"vLLM ended request {rid} with finish reason {reason!r}")
+        return reason
+
+    def _enter(self, rid: str, vid: str) -> None:
+        if not self._live:
+            self._busy_since = time.perf_counter()
+            self._idle.clear()
+        self._live[rid] = vid
+
+    def _leave(self, rid: str) -> None:
+        del self._live[rid]
+        if not self._live:
+            self._busy += time.perf_counter() - self._busy_since
+            self._busy_since = None
+            self._kv_cache_usage = 0.0  # vLLM reports per step; no step runs now
+            self._idle.set()
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        await self._thread.call(self._abort(list(request_ids)))
+
+    async def _abort(self, request_ids: list[str]) -> None:
+        self._aborted.update(request_ids)
+        live = [self._live[rid] for rid in request_ids if rid in self._live]
+        if live:
+            await self._llm.abort(live)  # their streams end with every token so far
+        await self._slots.notify()  # waiting ones leave
+
+    # ---- weights and memory ----------------------------------------------------------------
+    async def load_weights(self, version: int,
+                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+        """Stage the buckets in vLLM's worker while decoding goes on, then apply them now if
+        nothing of the hosted version runs (or with partial rollout), else once it drained."""
+        await self._thread.call(self._load_weights(version, buckets))
+
+    async def _load_weights(self, version: int,
+                            buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+        async with self._loading:
+            await self._rpc("eddy_begin_staging")
+            seen: set[str] = set()
+            try:
+                batches = iter(buckets)
+                # The channel may block (a broadcast): receive and pack off this loop.
+                while (packed := await asyncio.to_thread(self._next_packed, batches)) is not None:
+                    seen.update(name for name, *_ in packed)
+                    await self._rpc("eddy_stage", packed)
+                missing = self._weight_names - seen
+                if missing:
+                    raise KeyError(f"weight update for version {version} lacks "
+                                   f"{sorted(missing)[:3]}")
+            except BaseException:
+                await self._rpc("eddy_drop_incoming")  # what was staged before stays
+                raise
+            async with self._switching:  # not while a switch applies the previous copy
+                await self._rpc("eddy_commit_staged")
+                self._staged = version
+        if self._users == 0 or self.partial_rollout:
+            await self._apply_staged()
+
+    def _next_packed(self, batches):
+        bucket = next(batches, None)
+        if bucket is None:
+            return None
+        known = self._known_names
+        unknown = [name for name in bucket if known is not None and name not in known]
+        if unknown:
+            raise KeyError(f"weights {unknown[:3]} do not belong to this model")
+        return pack(bucket)
+
+    async def _apply_staged(self) -> None:
+        """Swap the staged weights in between two engine steps. Running segments (only with
+        partial rollout) are interrupted first and resume on the new weights."""
+        async with self._switching:
+            if self._staged is None:
+                return
+            self._gate.clear()
+            try:
+                if self._live:
+                    self._interrupted.update(self._live)
+                    await self._llm.abort(list(self._live.values()))
+                    await self._idle.wait()
+                await self._rpc("eddy_apply_staged")
+                if not await self._llm.reset_prefix_cache():  # its KV came from the old weights
+                    logger.warning("vLLM kept its prefix cache after a weight update: cached "
+                                   "prompts may reuse the old weights' KV")
+                self._version, self._staged = self._staged, None
+            finally:
+                self._gate.set()
+
+    async def _rpc(self, method: str, *args):
+        return (await self._llm.collective_rpc(method, args=args))[0]
+
+    async def sleep(self) -> None:
+        await self._thread.call(self._sleep())
+
+    async def _sleep(self) -> None:
+        """Where vLLM's platform has no sleep mode (its CPU backend) nothing is freed: the
+        engine only refuses to generate until `wake`, as `hf` does on the CPU."""
+        if self.api.sleep_supported:
+            await self._llm.sleep(level=1)  # weights to host memory, KV cache dropped
+        self._sleeping = True
+        self.platform.release_memory()
+
+    async def wake(self) -> None:
+        await self._thread.call(self._wake())
+
+    async def _wake(self) -> None:
+        self.platform.restore_memory()
+        if self.api.sleep_supported:
+            await self._llm.wake_up()
+        self._sleeping = False
+
+    def configure(self, *, max_batch_size: int | None = None,
+                  partial_rollout: bool | None = None) -> None:
+        """From the next request on; vLLM's own batch cap (`max_num_seqs`, fixed at start) still
+        bounds it, so a larger size than the engine started with queues inside vLLM. Returns
+        once done: weights that switching partial rollout on applies are in place."""
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size = {max_batch_size}: must be >= 1")
+        self._thread.run(self._configure(max_batch_size, partial_rollout))
+
+    async def _configure(self, max_batch_size: int | None, partial_rollout: bool | None) -> None:
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+            await self._slots.resize(max_batch_size)
+        if partial_rollout is not None:
+            self.partial_rollout = partial_rollout
+            if partial_rollout and self._staged is not None:
+                await self._apply_staged()  # partial rollout takes new weights at once
+
+    def stats(self) -> EngineStats:
+        since = self._busy_since
+        busy = self._busy + (time.perf_counter() - since if since is not None else 0.0)
+        return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
+                           staged_version=self._staged, tokens_generated=self._tokens,
+                           busy_seconds=busy, kv_cache_usage=self._kv_cache_usage,
+                           sleeping=self._sleeping)
+

