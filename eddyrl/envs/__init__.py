@@ -1,0 +1,12 @@
+"""Multi-turn environments and tools: the contract (`base`), the episode loop (`episode`), the
+bundled calculator and sandboxed Python environments, and loading custom ones by dotted path."""
+
+from .base import (Action, EnvStats, Environment, EpisodeLimits, Observation, Reply,
+                   ToolInfo)
+from .config import EnvConfig
+from .episode import Episode, EpisodeState, Transcript, Turn, run_episode
+from .loading import load_environment, load_reward
+
+__all__ = ["Action", "EnvConfig", "EnvStats", "Environment", "Episode", "EpisodeLimits",
+           "EpisodeState", "Observation", "Reply", "ToolInfo", "Transcript", "Turn",
+           "load_environment", "load_reward", "run_episode"]
