@@ -265,7 +265,8 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
                                       config.routing, i, sim.rollout.max_batch_size),
                                   partial_rollout=config.rollout.partial_rollout,
                                   trace=timeline.recorder("rollout", i) if timeline else None,
-                                  episode_of=workload.episode)
+                                  episode_of=workload.episode,
+                                  carry_kv=sim.migration == "carry_kv")
                for i in range(len(tps))]
     move_s = sim.move_setup_s + rollout_cost.weight_sync_seconds(
         rollout_cost.weights_bytes / sim.rollout.tp, rollout_cost.accelerator.intra_node_bandwidth)

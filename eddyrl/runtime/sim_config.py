@@ -56,6 +56,9 @@ class SimConfig:
     # elastic pool: a worker changing role pays a cold start each way: this fixed set-up
     # (memory release, process group, allocator warm-up) plus loading its weight shard
     move_setup_s: float = 10.0
+    # a migrated request's KV cache: recomputed on the target (what every engine here does),
+    # or carried over the network (DORA's instances of one version exchange caches)
+    migration: str = "recompute"
     # the cost model's efficiency factors where a scenario is calibrated (None: the default)
     efficiency: SimEfficiency = field(default_factory=lambda: SimEfficiency())
 
@@ -71,6 +74,7 @@ class SimConfig:
                      ["inter_node", "intra_node", "host"])
         check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
         check_range(f"{prefix}.move_setup_s", self.move_setup_s, 0)
+        check_choice(f"{prefix}.migration", self.migration, ["recompute", "carry_kv"])
         self.efficiency_factors()  # out-of-range values are named
 
     def efficiency_factors(self):

@@ -73,6 +73,7 @@ class _Seq:
     next_call: int = 0  # index in calls of the next one it makes
     observed: int = 0  # observation tokens in its output (of the calls before next_call)
     cached: int = 0  # KV tokens it keeps while not running (after a tool call)
+    carried: int = 0  # KV tokens brought by a migration, still to transfer at admission
 
 
 class SimInferenceEngine(InferenceEngine):
@@ -81,11 +82,14 @@ class SimInferenceEngine(InferenceEngine):
                  kv_capacity_tokens: int | None = None, version: int = 0,
                  partial_rollout: bool = False,
                  trace: Callable[[str, float, float, dict], None] | None = None,
-                 episode_of: Callable[[GenerationRequest], Sequence[ToolCall]] | None = None
-                 ) -> None:
+                 episode_of: Callable[[GenerationRequest], Sequence[ToolCall]] | None = None,
+                 carry_kv: bool = False) -> None:
         """`trace(name, start_s, seconds, args)`, if given, receives every busy interval
         (prefill, decode) for a timeline. `episode_of(request)`, if given, gives a request's
-        tool calls (single-turn without it)."""
+        tool calls (single-turn without it). `carry_kv`: a request that arrives with tokens
+        generated elsewhere (a migration) brings its KV cache over the instances' network link
+        instead of re-prefilling it (DORA: caches of one version are interchangeable); the
+        transfer takes this engine's time at admission."""
         self.cost = cost
         self.length_of = length_of
         self.correct_of = correct_of
@@ -94,6 +98,7 @@ class SimInferenceEngine(InferenceEngine):
         self.partial_rollout = partial_rollout
         self.trace = trace
         self.episode_of = episode_of
+        self.carry_kv = carry_kv
         self._version = version
         self._staged: int | None = None
         self._waiting: list[_Seq] = []  # by rank: priority, then arrival
@@ -142,8 +147,12 @@ class SimInferenceEngine(InferenceEngine):
                 raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = "
                                  f"{longest} tokens exceed the KV cache's "
                                  f"{self.kv_capacity_tokens}")
-            self._arrive(_Seq(request, out, target, int(self.correct_of(request)), resumed,
-                              (request.priority, next(self._arrivals)), calls=calls))
+            seq = _Seq(request, out, target, int(self.correct_of(request)), resumed,
+                       (request.priority, next(self._arrivals)), calls=calls)
+            if self.carry_kv and resumed:
+                seq.cached = seq.carried = self._context(seq)  # its cache comes with it
+                self._held_kv += seq.cached
+            self._arrive(seq)
         self._wake_server()
         remaining = len(requests)
         while remaining:
@@ -240,6 +249,10 @@ class SimInferenceEngine(InferenceEngine):
                 kept.extend(self._waiting[index:])
                 break
             prefill += self.cost.prefill_seconds(self._context(seq) - seq.cached, seq.cached)
+            if seq.carried:  # a migrated cache lands before the sequence runs
+                prefill += self.cost.kv_transfer_seconds(
+                    seq.carried, self.cost.accelerator.inter_node_bandwidth)
+                seq.carried = 0
             self._start(seq)
         self._waiting = kept
         if prefill:
@@ -359,7 +372,7 @@ class SimInferenceEngine(InferenceEngine):
 
     def _drop_cache(self, seq: _Seq) -> None:
         self._held_kv -= seq.cached
-        seq.cached = 0
+        seq.cached = seq.carried = 0  # a migrated cache not yet landed is recomputed instead
         self.preemptions += 1
 
     # ---- tools ------------------------------------------------------------------------------
