@@ -11,22 +11,29 @@ SMALL = ["sim.model=Qwen3-4B", "sim.rollout.accelerator=H100", "sim.train.accele
          "sim.workload.eval_prompts=4", "loop.eval_every=0", "algorithm.dynamic_sampling=false"]
 
 
-def test_a_sync_step_equals_the_hand_computed_time():
-    """One instance, one prompt, two responses of exactly 1,000 tokens (sigma = 0): generation
-    is two prefills and 1,000 decode steps of batch 2; training is the cost model's step over
-    both rows; then one weight transfer. Summed by hand, token by token."""
-    config = load_config(overrides=[
-        *SMALL, "sim.rollout.devices=1", "sim.train.devices=1", "sim.workload.prompt_tokens=500",
-        "sim.workload.mean_response_tokens=1000", "sim.workload.length_sigma=0",
-        "sim.workload.max_response_tokens=4000", "loop.steps=2", "loop.batch_prompts=1",
-        "rollout.n_samples=2"])
-    summary = simulate(config)
+# One instance, one prompt, two responses of exactly 1,000 tokens (sigma = 0).
+BY_HAND = [*SMALL, "sim.rollout.devices=1", "sim.train.devices=1",
+           "sim.workload.prompt_tokens=500", "sim.workload.mean_response_tokens=1000",
+           "sim.workload.length_sigma=0", "sim.workload.max_response_tokens=4000",
+           "loop.batch_prompts=1", "rollout.n_samples=2"]
+
+
+def _by_hand() -> tuple[float, float, float]:
+    """(rollout, train, sync) seconds of a BY_HAND step, summed token by token: two prefills
+    and 1,000 decode steps of batch 2; the cost model's step over both rows; one weight
+    transfer."""
     cost = CostModel("H100", "Qwen3-4B")
     rollout = 2 * cost.prefill_seconds(500) + sum(cost.decode_step_seconds(2, 500 + i)
                                                   for i in range(1000))
     train = cost.train_step_seconds(2 * 1500, dp=1, sequence_length=1500)
     sync = cost.weights_bytes / cost.accelerator.inter_node_bandwidth / \
         cost.efficiency.comm_efficiency
+    return rollout, train, sync
+
+
+def test_a_sync_step_equals_the_hand_computed_time():
+    summary = simulate(load_config(overrides=[*BY_HAND, "loop.steps=2"]))
+    rollout, train, sync = _by_hand()
     for step in summary["history"][1:]:
         assert step["rollout_s"] == pytest.approx(rollout, rel=0.01)
         assert step["train_s"] == pytest.approx(train, rel=0.01)
@@ -36,19 +43,10 @@ def test_a_sync_step_equals_the_hand_computed_time():
 def test_one_batch_in_flight_overlaps_generation_with_training():
     """Textbook one-step off-policy (K = 1, loop.max_inflight_prompts = the batch): the next
     batch generates while the current one trains, so a steady step takes max(rollout,
-    train + sync), computed by hand as above, and every batch is exactly one version old."""
-    config = load_config(overrides=[
-        *SMALL, "sim.rollout.devices=1", "sim.train.devices=1", "sim.workload.prompt_tokens=500",
-        "sim.workload.mean_response_tokens=1000", "sim.workload.length_sigma=0",
-        "sim.workload.max_response_tokens=4000", "loop.steps=4", "loop.batch_prompts=1",
-        "rollout.n_samples=2", "algorithm.max_staleness=1", "loop.max_inflight_prompts=1"])
-    summary = simulate(config)
-    cost = CostModel("H100", "Qwen3-4B")
-    rollout = 2 * cost.prefill_seconds(500) + sum(cost.decode_step_seconds(2, 500 + i)
-                                                  for i in range(1000))
-    train = cost.train_step_seconds(2 * 1500, dp=1, sequence_length=1500)
-    sync = cost.weights_bytes / cost.accelerator.inter_node_bandwidth / \
-        cost.efficiency.comm_efficiency
+    train + sync), and every batch is exactly one version old."""
+    summary = simulate(load_config(overrides=[
+        *BY_HAND, "loop.steps=4", "algorithm.max_staleness=1", "loop.max_inflight_prompts=1"]))
+    rollout, train, sync = _by_hand()
     steps = summary["history"][1:]
     assert [m["staleness_max"] for m in steps] == [0, 1, 1, 1]
     assert all(m["inflight_groups"] <= 1 for m in steps)
