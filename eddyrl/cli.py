@@ -69,14 +69,18 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 def cmd_sft(ns: argparse.Namespace) -> int:
     import torch
 
+    from .envs.tool_task import ToolTaskConfig
     from .hal import get_platform
+    from .tasks.arith import ArithTaskConfig
     from .tasks.sft import run_sft
 
     platform = get_platform(ns.platform)
     torch.set_num_threads(ns.threads)  # the shipped warm start was made with one thread
+    task = ToolTaskConfig() if ns.task == "tool_add" else ArithTaskConfig()
     metrics = run_sft(ns.out, steps=ns.steps, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed,
-                      device=platform.device(platform.local_rank()),
-                      early_stop_fraction=ns.early_stop_fraction)
+                      device=platform.device(platform.local_rank()), task=task,
+                      early_stop_fraction=ns.early_stop_fraction,
+                      no_tool_fraction=ns.no_tool_fraction)
     print(json.dumps({**metrics, "out": ns.out}, indent=2, sort_keys=True))
     return 0
 
@@ -190,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start of the tiny model on the arith task "
+                       "or the tool task "
                        "(defaults reproduce eddyrl/assets/tiny_warmstart)")
     p.add_argument("--out", required=True, help="directory for the HF-format checkpoint")
     p.add_argument("--steps", type=int, default=1000)
@@ -197,8 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--early-stop-fraction", type=float, default=0.6,
-                   help="share of demonstrations that stop one number short (a careless habit "
-                   "for RL to unlearn)")
+                   help="arith: share of demonstrations that stop one number short (a careless "
+                   "habit for RL to unlearn)")
+    p.add_argument("--task", choices=["arith", "tool_add"], default="arith",
+                   help="tool_add: reference calculator episodes (envs/tool_task.py); measure "
+                   "the result with `eddy eval OUT configs/tool_add_tiny.yaml`")
+    p.add_argument("--no-tool-fraction", type=float, default=0.0,
+                   help="tool_add: share of demonstrations that answer without the calculator")
     p.add_argument("--platform", default="auto")
     p.add_argument("--threads", type=int, default=1)
     p.set_defaults(func=cmd_sft)

@@ -57,15 +57,22 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     eval_set = PromptSet.from_rows(eval_rows, eval_src, tokenizer, data.max_prompt_tokens,
                                    data.prompt_overflow)
     rollout = config.rollout
+    # Multi-turn: a turn also ends on the environment's stop tokens (a tool call's closing tag);
+    # max_new_tokens bounds the whole episode (engines count resumed tokens against it).
+    env = config.env.build("env", tokenizer=tokenizer, reward_fn=data.reward_fn,
+                           payload_bytes=config.routing.payload_bytes)
+    stop_ids = [tokenizer.eos_token_id]
+    if env is not None:
+        stop_ids += [i for i in env(prompt="", answer="").stop_token_ids() if i not in stop_ids]
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
         seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
         elastic=config.elastic, adaptive=config.adaptive, routing=config.routing,
         trainer_ranks=config.train.num_workers,
-        plan_cost=_plan_cost(config, model_path),
+        plan_cost=_plan_cost(config, model_path), env=env,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
-                                top_k=rollout.top_k, stop_token_ids=(tokenizer.eos_token_id,)))
+                                top_k=rollout.top_k, stop_token_ids=tuple(stop_ids)))
     return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn))
 
 

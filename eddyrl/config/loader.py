@@ -34,8 +34,9 @@ def _all_keys(node: DictConfig, prefix: str = "") -> list[str]:
 
 
 def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None:
-    """Reject keys the schema does not have, with the closest valid key."""
-    if not isinstance(tree, dict):
+    """Reject keys the schema does not have, with the closest valid key. A free-form mapping
+    (a `dict` field, e.g. `env.options`) takes any key: its owner checks them."""
+    if not isinstance(tree, dict) or schema._metadata.object_type is dict:
         return
     for key, value in tree.items():
         full = f"{prefix}{key}"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from ..core.config import AlgorithmConfig, LoopConfig
 from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
+from ..envs.config import EnvConfig
 from ..models.config import ModelConfig
 from ..runtime.config import ClusterConfig
 from ..runtime.sim_config import SimConfig
@@ -34,6 +35,7 @@ class EddyConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes; none: single-turn
     sim: SimConfig = field(default_factory=SimConfig)  # `eddy sim` only: the simulated cluster
 
     def validate(self, prefix: str = "") -> None:
@@ -51,6 +53,11 @@ class EddyConfig:
                 "fresh data (max_fraction < 1)")
         self._check_elastic()
         self._check_routing()
+        if self.data.task == "tool_add" and self.data.train_path is None and \
+                self.env.name is None:
+            raise contradiction(
+                "data.task = tool_add is solved with a calculator, but env.name is not set; "
+                "set env.name = calculator (and env.options.syntax = tiny for the tiny model)")
 
     def _check_routing(self) -> None:
         routing = self.routing

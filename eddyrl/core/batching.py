@@ -13,8 +13,10 @@ from .trajectory import Group
 def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
                       weights: list[float] | None = None) -> TrainBatch:
     """One row per trajectory: prompt + response, right-padded; log-probs and versions aligned
-    so that position t describes token t (see core/batch.py). `weights` gives each group's
-    loss weight (1 fresh, tau replayed); default 1."""
+    so that position t describes token t (see core/batch.py). The loss mask is the response's
+    own (`GenerationResult.loss_mask`: environment tokens of a multi-turn episode are 0, and
+    like padding carry log-prob 0 and version -1 here). `weights` gives each group's loss
+    weight (1 fresh, tau replayed); default 1."""
     rows = [(g, t) for g in groups for t in g.trajectories]
     weights = [1.0] * len(groups) if weights is None else weights
     if len(weights) != len(groups):
@@ -32,9 +34,14 @@ def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool =
         p, n = len(group.prompt_ids), traj.num_tokens
         input_ids[i, :p + n] = torch.tensor(group.prompt_ids + traj.result.token_ids)
         attention[i, :p + n] = 1
-        loss_mask[i, p:p + n] = 1
-        old_logprobs[i, p:p + n] = torch.tensor(traj.result.logprobs)
-        versions[i, p:p + n] = torch.tensor(traj.result.versions)
+        mask = torch.ones(n) if traj.result.loss_mask is None else \
+            torch.tensor(traj.result.loss_mask, dtype=torch.float32)
+        if mask.shape != (n,):
+            raise ValueError(f"trajectory {traj.result.request_id}: loss mask of "
+                             f"{mask.numel()} for {n} tokens")
+        loss_mask[i, p:p + n] = mask
+        old_logprobs[i, p:p + n] = torch.tensor(traj.result.logprobs) * mask
+        versions[i, p:p + n] = torch.where(mask > 0, torch.tensor(traj.result.versions), -1)
     advantages = torch.cat([group_advantages(torch.tensor(g.rewards), len(g.rewards),
                                              normalize_std=normalize_std) for g in groups])
     return TrainBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,

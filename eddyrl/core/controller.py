@@ -31,6 +31,7 @@ from .batch import TrainBatch
 from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
 from .elastic_driver import ElasticDriver, build_pool, parse_schedule
+from .episodes import Episodes
 from .ledger import Ledger
 from .orchestrator import VersionOrchestrator
 from .replay import ReplayBuffer, ReplayConfig
@@ -72,6 +73,9 @@ class LoopSettings:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
+    # envs.loading.EnvironmentFactory: every response is a multi-turn episode in one of its
+    # environments (`env` config section); None: single-turn
+    env: Any = None
 
 
 @dataclass
@@ -106,7 +110,8 @@ class Controller:
             self.runtime, self.window,
             VersionOrchestrator(len(self.runtime.workers), rollout.max_batch_size),
             self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
-            migrate=rollout.migrate, router=self._router())
+            migrate=rollout.migrate, router=self._router(),
+            episodes=Episodes(self.settings.env, self.decode) if self.settings.env else None)
         if loop.refill == "stream":
             self.rollout.on_collect = self._fill_pipeline
         self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
@@ -174,12 +179,18 @@ class Controller:
                 "reward_errors": self.reward.errors,
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
+                **({"env": self._env_report()} if self.rollout.episodes else {}),
                 **({"elastic": self.elastic.report()} if self.elastic else {})}
 
     def _routing_report(self) -> dict[str, Any]:
         stats = self.rollout.router.stats()
         return {"policy": self.settings.routing.policy, "moves": stats.moves,
                 "blocked_moves": stats.blocked, "predictions": stats.predictions}
+
+    def _env_report(self) -> dict[str, Any]:
+        episodes = self.rollout.episodes
+        return {**episodes.stats.metrics(""), "last_errors": episodes.stats.last_errors,
+                "eval": episodes.eval_stats.metrics("")}
 
     async def step(self) -> dict[str, Any]:
         """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
@@ -191,6 +202,8 @@ class Controller:
         replayed = self.replay.select(want, self.version)
         moved_before, restarted_before = self.rollout.migrated, self.rollout.restarted
         routed_before = self.rollout.routed
+        episodes = self.rollout.episodes
+        env_before = episodes.stats.metrics() if episodes else {}
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
         lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
@@ -222,7 +235,9 @@ class Controller:
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
-        return {**rollout_metrics, **train_metrics, **elastic_metrics, "version": self.version,
+        env_metrics = _since(episodes.stats.metrics(), env_before) if episodes else {}
+        return {**rollout_metrics, **train_metrics, **elastic_metrics, **env_metrics,
+                "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
                 "staleness_max": max(lags, default=0),
                 "samples_trained": sum(len(g.trajectories) for g in groups),
@@ -337,11 +352,15 @@ class Controller:
         """Held-out accuracy: one response per held-out prompt at `loop.eval_temperature`."""
         sampling = SamplingParams(**{**vars_of(self.settings.sampling),
                                      "temperature": self.settings.loop.eval_temperature})
+        episodes = self.rollout.episodes
+        env_before = episodes.eval_stats.metrics("eval_env/") if episodes else {}
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
                                                  sampling, track=False)
         rewards = [g.trajectories[0].reward for g in groups]
+        env_metrics = _since(episodes.eval_stats.metrics("eval_env/"), env_before) \
+            if episodes else {}
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-                "eval_reward_mean": sum(rewards) / len(rewards)}
+                "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}
 
     def _emit(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
@@ -352,14 +371,20 @@ def vars_of(params: SamplingParams) -> dict[str, Any]:
     return {name: getattr(params, name) for name in params.__slots__}
 
 
+def _since(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """Counters' growth since `before` (environment statistics of one step)."""
+    return {name: value - before.get(name, 0.0) for name, value in now.items()}
+
+
 def _rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
     trajectories = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories] or [0.0]
-    lengths = [t.num_tokens for t in trajectories] or [0]
+    lengths = [t.num_tokens for t in trajectories] or [0]  # environment tokens included
     prompts = [len(t.result.prompt_ids) for t in trajectories] or [0]
     return {"reward_mean": sum(rewards) / len(rewards),
             "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             "response_len_mean": sum(lengths) / len(lengths),
-            "response_len_max": max(lengths), "gen_tokens": sum(lengths),
+            "response_len_max": max(lengths),
+            "gen_tokens": sum(t.num_generated for t in trajectories),
             "prompt_len_mean": sum(prompts) / len(prompts),
             "groups_generated": len(groups), "reward_errors": reward_errors}

@@ -14,7 +14,10 @@ Who decides what:
 - the experience store: the rows of every in-flight group; the response and reward columns are
   written by separate producers (the generation stream, the scorer) and a group is collected
   when both are complete for all of its rows;
-- the ledger: each group's lifecycle, for the exactly-once proof.
+- the ledger: each group's lifecycle, for the exactly-once proof;
+- the episodes (multi-turn, optional, `core/episodes.py`): what each turn's end means; between
+  turns the request stays counted on its worker (no engine runs it while its environment
+  steps), and it resumes there from the transcript, with its version (C1), like a migration.
 
 Generation runs as background tasks, one per (worker, call); a failure in one is re-raised to
 whoever waits next, with the worker's name from the runtime's error.
@@ -28,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..envs.base import Observation
 from ..scheduler.buckets import BucketRouter
+from .episodes import EpisodeRun, Episodes
 from .ledger import Ledger
 from .orchestrator import VersionOrchestrator
 from .rewarding import SafeReward
@@ -50,6 +55,7 @@ class _Request:
     track: bool  # training data (store, window, ledger) or evaluation (none of them)
     priority: int = 0  # the group's dispatch order: engines run older groups first
     moving_to: int | None = None  # migration target while its abort is on the way
+    episode: EpisodeRun | None = None  # multi-turn: the transcript so far and its environment
 
 
 @dataclass
@@ -65,12 +71,16 @@ class StreamingRollout:
     router: BucketRouter | None = None
     # called after each group is collected (streaming refill: the controller tops up)
     on_collect: Callable[[], None] | None = None
+    episodes: Episodes | None = None  # multi-turn episodes in an environment; None: one turn
     store: ExperienceStore = field(default_factory=ExperienceStore)
     _requests: dict[str, _Request] = field(default_factory=dict)
     _rows: dict[str, list[int]] = field(default_factory=dict)  # group -> its store rows
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _resume: dict[int, list[GenerationRequest]] = field(default_factory=dict)
     _abort: dict[int, list[str]] = field(default_factory=dict)  # router moves, per source
+    # request -> workers where an abort arrived after its turn had finished: the engine keeps
+    # it and aborts the request's next turn there (only an episode comes back to a worker)
+    _stale_aborts: dict[str, set[int]] = field(default_factory=dict)
     _flush_scheduled: bool = False
     _dispatched_groups: Any = field(default_factory=itertools.count)  # priorities, in order
     _failure: BaseException | None = None
@@ -109,7 +119,7 @@ class StreamingRollout:
             group.dispatch_version = self.orchestrator.latest
             self._waiters[group.group_id] = loop.create_future()
             self._expected[group.group_id] = n
-            target = self._assign(group, n, sampling, False, None, per_worker)
+            target = self._assign(group, n, sampling, False, None, per_worker, training=track)
             if track:
                 self.ledger.start(group.group_id, target, group.dispatch_version)
         self._launch_all(per_worker)
@@ -122,7 +132,8 @@ class StreamingRollout:
         return groups
 
     def _assign(self, group: Group, n: int, sampling: SamplingParams, track: bool,
-                worker: int | None, per_worker: dict[int, list[GenerationRequest]]) -> int:
+                worker: int | None, per_worker: dict[int, list[GenerationRequest]],
+                training: bool = True) -> int:
         """Place the group's `n` requests (on `worker` if given) and queue them per worker;
         returns the first one's worker. Without a router the whole group goes to the
         orchestrator's pick; with one, each request to the router's choice among the workers
@@ -139,11 +150,19 @@ class StreamingRollout:
                 target = self.orchestrator.pick(version) if worker is None else worker
             first = target if first is None else first
             self.orchestrator.dispatched(target, version)
-            self._requests[request_id] = _Request(group, sample, sampling, target, version,
-                                                  track, priority)
+            self._requests[request_id] = _Request(
+                group, sample, sampling, target, version, track, priority,
+                episode=self._new_episode(sampling, training))
             per_worker.setdefault(target, []).append(self._request(
                 request_id, group.prompt_ids, sampling, version, priority))
         return first
+
+    def _new_episode(self, sampling: SamplingParams, training: bool) -> EpisodeRun | None:
+        """An episode for a new request (None: single-turn); `training` picks the statistics
+        it counts in (held-out evaluation has its own)."""
+        if self.episodes is None:
+            return None
+        return self.episodes.start(sampling.max_new_tokens, training)
 
     def _request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                  version: int, priority: int, partial: GenerationResult | None = None
@@ -195,14 +214,72 @@ class StreamingRollout:
             # The orchestrator's book has had it on the target since the move was decided.
             request.worker, request.moving_to = request.moving_to, None
             if not result.finished:  # aborted for its migration: resume it there
+                self.migrated += 1
                 self._queue_resume(request, result)
                 return
             # else it finished on the source before the abort reached it: done all the same
+            # (an episode's next turn may come back there, where that abort still waits)
+            if request.episode is not None:
+                self._stale_aborts.setdefault(result.request_id, set()).add(worker)
         elif not result.finished:
+            if worker in self._stale_aborts.get(result.request_id, ()):
+                self._stale_aborts[result.request_id].discard(worker)
+                self._queue_resume(request, result)  # an old abort hit a later turn: go on
+                return
             raise RuntimeError(f"request {result.request_id} on worker {worker} was aborted "
                                "without a migration asking for it")
+        if request.episode is not None:  # the environment answers the turn, off this call
+            request.episode.stepping = True
+            self._track(self._take_turn(result.request_id, request, result))
+            return
+        self._finish(request, result, *self.reward(self.decode(result.token_ids),
+                                                   request.group.answer))
+
+    async def _take_turn(self, request_id: str, request: _Request,
+                         result: GenerationResult) -> None:
+        """Step the episode's environment on the turn `result` ends, then resume the request
+        from the transcript on its worker (where it is still counted), or finish it."""
+        try:
+            run = request.episode
+            observation, episode = await self.episodes.take_turn(
+                run, result, request.group.prompt, request.group.answer)
+            run.stepping = False
+            if episode is None:
+                tokens = len(run.state.transcript) - len(observation.token_ids)
+                self._tool_returned(request_id, request, observation, tokens)
+                self._queue_resume(request, self.episodes.result(run, result))
+                return
+            final = self.episodes.result(run, result)
+            if episode.reward is None:  # the environment left scoring to the task's reward
+                reward, error = self.reward(episode.final_text, request.group.answer)
+            else:
+                reward, error = float(episode.reward), None
+            self._finish(request, final, reward, error)
+        except BaseException as exc:  # surfaced to whoever waits next
+            self._fail(exc)
+
+    def _tool_returned(self, request_id: str, request: _Request, observation: Observation,
+                       tokens: int) -> None:
+        """Libra: a tool returned after `tokens` output tokens; the router records the state
+        and may send the request's next turn to another bucket (nothing runs: no abort)."""
+        if self.router is None or observation.tool is None:
+            return
+        allowed = self._allowed_targets(request) or [request.worker]  # record, do not move
+        move = self.router.on_state(request_id, observation.tool.state(), tokens, allowed)
+        if move is None:
+            return
+        self.orchestrator.moved(request.worker, move.target.instance, request.version)
+        request.worker = move.target.instance
+        self.routed += 1
+        self.migrated += 1
+
+    def _finish(self, request: _Request, result: GenerationResult, reward: float,
+                error: str | None) -> None:
+        """A response is complete: free its place, then store it (training) or hand it to
+        the waiting evaluation."""
         self.orchestrator.finished(request.worker, request.version)
         del self._requests[result.request_id]
+        self._stale_aborts.pop(result.request_id, None)
         if self.router is not None:  # learn from complete training samples only
             if request.track:
                 if self._bucket_lengths is not None:
@@ -212,7 +289,6 @@ class StreamingRollout:
             else:
                 self.router.cancel(result.request_id)
         group = request.group
-        reward, error = self.reward(self.decode(result.token_ids), group.answer)
         if not request.track:
             group.trajectories.append(Trajectory(result, reward, error))
             if len(group.trajectories) == self._expected[group.group_id]:
@@ -287,12 +363,20 @@ class StreamingRollout:
             if not ids:
                 continue
             self.orchestrator.moved(move.source, move.target, move.version, len(ids))
+            running = []
             for rid in ids:
-                self._requests[rid].moving_to = move.target
+                request = self._requests[rid]
+                if request.episode is not None and request.episode.stepping:
+                    request.worker = move.target  # between turns: the next one starts there
+                    self.migrated += 1
+                else:
+                    request.moving_to = move.target
+                    running.append(rid)
                 if self.router is not None:
                     self.router.relocate(rid, move.target)
             moving += len(ids)
-            await self.runtime.abort(move.source, ids)
+            if running:
+                await self.runtime.abort(move.source, running)
         return moving
 
     def take_bucket_lengths(self) -> dict[str, list[int]]:
@@ -327,6 +411,9 @@ class StreamingRollout:
         dispatch version in the window, which only makes the staleness bound conservative."""
         self.orchestrator.finished(request.worker, request.version)
         request.version = self.orchestrator.latest
+        if request.episode is not None:  # an episode restarts too, in a fresh environment
+            self._track(self.episodes.close(request.episode))
+            request.episode = self.episodes.restart(request.episode)
         if self.router is not None:  # from scratch: a new path, from the smallest bucket
             self.router.cancel(request_id)
             request.worker = self.router.start(request_id, request.group.prompt,
@@ -346,12 +433,7 @@ class StreamingRollout:
         to run the request's version at once (C1)."""
         if self.router is None or request.moving_to is not None:
             return  # already on its way somewhere
-        if self.partial_rollout:
-            allowed = [w for w in range(self.orchestrator.num_workers)
-                       if self.orchestrator.available[w]]
-        else:
-            allowed = [w for w in range(self.orchestrator.num_workers)
-                       if self.orchestrator.can_run_now(w, request.version)]
+        allowed = self._allowed_targets(request)
         if not allowed:
             return
         move = self.router.on_progress(request_id, len(progress.token_ids), allowed)
@@ -363,8 +445,17 @@ class StreamingRollout:
         self._abort.setdefault(move.source.instance, []).append(request_id)
         self._schedule_flush()
 
+    def _allowed_targets(self, request: _Request) -> list[int]:
+        """Workers the router may move the request to: those that can run its version now."""
+        if self.partial_rollout:
+            return [w for w in range(self.orchestrator.num_workers)
+                    if self.orchestrator.available[w]]
+        return [w for w in range(self.orchestrator.num_workers)
+                if self.orchestrator.can_run_now(w, request.version)]
+
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
-        self.migrated += 1
+        """Continue the request on its worker from `partial`'s tokens (a migration's abort, or
+        an episode's transcript), batched per worker with the others of this moment."""
         self._resume.setdefault(request.worker, []).append(self._request(
             partial.request_id, partial.prompt_ids, request.sampling, request.version,
             request.priority, partial))

@@ -15,7 +15,14 @@ class Trajectory:
 
     @property
     def num_tokens(self) -> int:
+        """The response's tokens, environment tokens of a multi-turn episode included."""
         return len(self.result.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        """The tokens the policy generated (the trained ones)."""
+        mask = self.result.loss_mask
+        return self.num_tokens if mask is None else sum(mask)
 
 
 @dataclass(slots=True)

@@ -41,6 +41,10 @@ class EnvConfig:
         check_range(f"{prefix}.max_turns", self.max_turns, 1)
         check_range(f"{prefix}.max_observation_tokens", self.max_observation_tokens, 1)
         check_range(f"{prefix}.step_timeout_s", self.step_timeout_s, 0, lo_open=True)
+        if self.name is not None and ":" not in self.name and self.name not in BUNDLED:
+            raise ConfigError(f"config key '{prefix}.name' = {self.name!r} is neither a bundled "
+                              f"environment ({', '.join(BUNDLED)}) nor a dotted path "
+                              f"'package.module:Name'{did_you_mean(self.name, BUNDLED)}")
 
     def limits(self) -> EpisodeLimits:
         return EpisodeLimits(max_turns=self.max_turns,
@@ -56,10 +60,6 @@ class EnvConfig:
         if self.name is None:
             return None
         self.validate(prefix)
-        if ":" not in self.name and self.name not in BUNDLED:
-            raise ConfigError(f"config key '{prefix}.name' = {self.name!r} is neither a bundled "
-                              f"environment ({', '.join(BUNDLED)}) nor a dotted path "
-                              f"'package.module:Name'{did_you_mean(self.name, BUNDLED)}")
         options = dict(self.options)
         if self.name in BUNDLED:
             key = f"{prefix}.options.reward_fn" if "reward_fn" in options else "data.reward_fn"

@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import zlib
+from pathlib import Path
 
 from ..tasks.arith import format_prompt, parse_prompt
+from ..tasks.dataset import write_rows
 from .calculator import TINY_SYNTAX
 
 
@@ -58,6 +60,17 @@ def generate_rows(count: int, seed: int, split: str, config: ToolTaskConfig) -> 
         if in_eval == (split == "eval"):
             rows.append({"prompt": prompt, "answer": str(sum(numbers)), "num_terms": k})
     return rows
+
+
+def write_splits(out_dir: Path, seed: int, train_count: int, eval_count: int,
+                 config: ToolTaskConfig) -> tuple[Path, Path]:
+    """Write `train.jsonl` and `eval.jsonl` into `out_dir`; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path, eval_path = out_dir / "train.jsonl", out_dir / "eval.jsonl"
+    write_rows(train_path, generate_rows(train_count, seed, "train", config))
+    write_rows(eval_path, generate_rows(eval_count, seed, "eval", config))
+    return train_path, eval_path
 
 
 def _number(rng: random.Random, digits: int) -> int:

@@ -10,6 +10,12 @@ from .dataset import check_suffix
 from .formats import FORMATS
 
 
+# The built-in synthetic tasks, generated when no data files are given: `arith` (tasks/arith.py,
+# single-turn) and `tool_add` (envs/tool_task.py: sums too long to add without the calculator
+# environment, `env.name = calculator`).
+TASKS = ("arith", "tool_add")
+
+
 @dataclass(kw_only=True, slots=True)
 class DataFields:
     """Where a row keeps its prompt and answer, as dotted paths into the row (e.g.
@@ -28,7 +34,7 @@ class DataFields:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    task: str = "arith"  # the built-in synthetic task, generated when no paths are given
+    task: str = "arith"  # the built-in synthetic task (TASKS), generated when no paths are given
     # .jsonl / .json (JSON lines) or .parquet files; rows laid out as `format` says
     train_path: str | None = None
     eval_path: str | None = None
@@ -41,7 +47,7 @@ class DataConfig:
     prompt_overflow: str = "error"  # a longer prompt: "error", or "truncate" (keep the end)
 
     def validate(self, prefix: str) -> None:
-        check_choice(f"{prefix}.task", self.task, ["arith"])
+        check_choice(f"{prefix}.task", self.task, list(TASKS))
         check_choice(f"{prefix}.format", self.format, list(FORMATS))
         self.fields.validate(f"{prefix}.fields")
         check_range(f"{prefix}.train_size", self.train_size, 1)

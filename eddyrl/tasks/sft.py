@@ -1,4 +1,5 @@
-"""Supervised warm start for the tiny policy on arith demonstrations.
+"""Supervised warm start for the tiny policy on arith demonstrations, or on reference episodes
+of the tiny multi-turn tool task (`envs/tool_task.py`).
 
 The warm start is deliberately short: it teaches the response format and some arithmetic,
 leaving held-out accuracy modest so that RL has visible room to climb.
@@ -23,6 +24,7 @@ from eddyrl.tasks.arith import (
     max_response_chars,
     parse_prompt,
 )
+from eddyrl.envs import tool_task
 from eddyrl.tasks.evaluate import chat_prompt, evaluate
 
 IGNORE_INDEX = -100  # label value that cross_entropy skips: prompt and padding positions
@@ -36,22 +38,54 @@ def demonstration_batch(
 ) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response ids with labels only on the response and its end token.
     Where `stop_early[i]`, row i's demonstration leaves out the last number (a wrong answer)."""
-    sequences, label_rows = [], []
+    episodes = []
     for i, row in enumerate(rows):
-        prompt_text = chat_prompt(tokenizer, row["prompt"])
-        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
         numbers = parse_prompt(row["prompt"])
         if stop_early and stop_early[i]:
             numbers = numbers[:-1]
-        response = demonstration(format_prompt(numbers))
-        response_ids = tokenizer.encode(response, add_special_tokens=False)
-        response_ids.append(tokenizer.eos_token_id)
-        sequences.append(prompt_ids + response_ids)
-        label_rows.append([IGNORE_INDEX] * len(prompt_ids) + response_ids)
+        episodes.append([("model", demonstration(format_prompt(numbers)))])
+    return episode_batch(tokenizer, [row["prompt"] for row in rows], episodes, device)
+
+
+def tool_demonstration_batch(
+    tokenizer: PreTrainedTokenizerFast,
+    rows: list[dict],
+    device: torch.device,
+    without_tool: list[bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Reference episodes of the tool task (call, result, answer), labels on the model's turns
+    only (the environment's result is masked, as in RL). Where `without_tool[i]`, row i's
+    demonstration answers at once without the calculator, as a careless annotator would."""
+    episodes = [[("model", f"= {row['answer']}")] if without_tool and without_tool[i]
+                else tool_task.demonstration(row["prompt"]) for i, row in enumerate(rows)]
+    return episode_batch(tokenizer, [row["prompt"] for row in rows], episodes, device)
+
+
+def episode_batch(
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: list[str],
+    episodes: list[list[tuple[str, str]]],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Right-padded chat prompt + episode ids; labels on the "model" segments and the end
+    token after the last one, IGNORE_INDEX on the prompt, "env" segments and padding. Each
+    segment is tokenised alone, as the rollout appends them."""
+    sequences, label_rows = [], []
+    for prompt, segments in zip(prompts, episodes):
+        prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt), add_special_tokens=False)
+        ids, labels = list(prompt_ids), [IGNORE_INDEX] * len(prompt_ids)
+        for speaker, text in segments:
+            segment = tokenizer.encode(text, add_special_tokens=False)
+            ids += segment
+            labels += segment if speaker == "model" else [IGNORE_INDEX] * len(segment)
+        ids.append(tokenizer.eos_token_id)
+        labels.append(tokenizer.eos_token_id)
+        sequences.append(ids)
+        label_rows.append(labels)
     width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-    labels = torch.full((len(rows), width), IGNORE_INDEX)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
+    labels = torch.full((len(sequences), width), IGNORE_INDEX)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for i, (sequence, label_row) in enumerate(zip(sequences, label_rows)):
         input_ids[i, : len(sequence)] = torch.tensor(sequence)
         labels[i, : len(sequence)] = torch.tensor(label_row)
@@ -68,10 +102,11 @@ def run_sft(
     batch_size: int,
     seed: int,
     device: torch.device,
-    task: ArithTaskConfig = ArithTaskConfig(),
+    task: ArithTaskConfig | tool_task.ToolTaskConfig = ArithTaskConfig(),
     model_config: TinyModelConfig = TinyModelConfig(),
     eval_count: int = 200,
     early_stop_fraction: float = 0.0,
+    no_tool_fraction: float = 0.0,
 ) -> dict:
     """Train a fresh tiny policy on demonstrations, save it to `out_dir` (HF format) if
     given, and return metrics including greedy held-out accuracy.
@@ -80,12 +115,18 @@ def run_sft(
     annotator. The policy then learns both habits; greedy decoding often follows the careless
     one, and RL with a correctness reward can teach it to finish the sum. This gives RL a
     large, quick, verifiable gain to show, which 0.86M parameters on a CPU otherwise cannot
-    reach within minutes (see eddyrl/assets/tiny_warmstart/README.md for measurements)."""
+    reach within minutes (see eddyrl/assets/tiny_warmstart/README.md for measurements).
+
+    With the tool task (`task` a ToolTaskConfig), `no_tool_fraction` of the demonstrations
+    answer without the calculator (the same idea: a habit for RL to unlearn), and no held-out
+    accuracy is returned: an episode needs the environment, so `eddy eval` measures it."""
     started = time.monotonic()
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed, model_config).to(device)
     model.train()
-    train_rows = generate_rows(steps * batch_size, seed, "train", task)
+    with_tool = isinstance(task, tool_task.ToolTaskConfig)
+    train_rows = (tool_task.generate_rows if with_tool else generate_rows)(
+        steps * batch_size, seed, "train", task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
 
@@ -95,11 +136,13 @@ def run_sft(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine)
     random.Random(seed).shuffle(train_rows)
     early_stop_rng = random.Random(f"lazy-{seed}")
+    careless = no_tool_fraction if with_tool else early_stop_fraction
     loss_value = float("nan")
     for step in range(steps):
         rows = train_rows[step * batch_size : (step + 1) * batch_size]
-        stop_early = [early_stop_rng.random() < early_stop_fraction for _ in rows]
-        batch = demonstration_batch(tokenizer, rows, device, stop_early)
+        stop_early = [early_stop_rng.random() < careless for _ in rows]
+        batch = (tool_demonstration_batch if with_tool else demonstration_batch)(
+            tokenizer, rows, device, stop_early)
         loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -108,10 +151,11 @@ def run_sft(
         schedule.step()
         loss_value = loss.item()
     model.eval()
-    eval_rows = generate_rows(eval_count, seed, "eval", task)
-    accuracy = evaluate(
-        model, tokenizer, eval_rows, max_new_tokens=max_response_chars(task) + 1, device=device
-    )
+    accuracy = None
+    if not with_tool:
+        eval_rows = generate_rows(eval_count, seed, "eval", task)
+        accuracy = evaluate(model, tokenizer, eval_rows,
+                            max_new_tokens=max_response_chars(task) + 1, device=device)
     if out_dir is not None:
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)

@@ -58,6 +58,9 @@ class GenerationResult:
     # "progress": not an end, a note that the request reached a `report_at` length (the output
     # so far, copied); its end comes later
     finish_reason: str
+    # Which tokens are trained: 1 generated, 0 appended by an environment between turns (their
+    # log-probs are placeholders). None: every token is generated (single-turn).
+    loss_mask: list[int] | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,107 @@
+"""Multi-turn episodes inside the streaming rollout: what happens between an engine's turn and
+the next one.
+
+A request with an environment is an episode. Each time the engine ends a turn ("stop" on the
+end of message or on the environment's stop token, or "length"), the rollout hands the result
+to `Episodes.take_turn`: the turn's new tokens (everything after the transcript the request
+resumed from) are appended, the environment steps, and either the observation's tokens are
+appended (loss mask 0) and the request resumes from the transcript on its worker, or the
+episode is over and `result` builds the training sample: the whole transcript with its loss
+mask. The engine never sees anything but token ids; nothing is decoded and encoded again.
+
+The bookkeeping is `envs.EpisodeState`, the same object `envs.run_episode` drives in a plain
+loop; this class adds what a long-running rollout needs: the environment is built lazily at
+the first turn's end (no environment exists for an episode still in its first turn), any
+failure of the environment (construction, step, close, a non-finite reward) ends the episode
+with the cutoff reward and is counted, never raised, and statistics are kept apart for
+training and evaluation episodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..engines.inference.base import GenerationResult
+from ..envs.base import EnvStats, Environment, Observation
+from ..envs.episode import Episode, EpisodeState, Turn
+from ..envs.loading import EnvironmentFactory
+
+
+@dataclass(slots=True)
+class EpisodeRun:
+    """One request's episode: its transcript so far and, after its first turn, its
+    environment. `stepping` while the environment works on a turn (no engine runs it then)."""
+
+    state: EpisodeState
+    env: Environment | None = None
+    stepping: bool = False
+
+
+@dataclass
+class Episodes:
+    factory: EnvironmentFactory
+    decode: Callable[[list[int]], str]  # one decode per turn, for the environment to parse
+    stats: EnvStats = field(default_factory=EnvStats)  # training episodes
+    eval_stats: EnvStats = field(default_factory=EnvStats)  # held-out evaluation episodes
+
+    def start(self, max_tokens: int, training: bool) -> EpisodeRun:
+        """A new episode whose transcript may reach `max_tokens` (the request's
+        max_new_tokens: engines count resumed tokens against it), counted in `stats`
+        (training) or `eval_stats`."""
+        return EpisodeRun(EpisodeState(self.decode, max_tokens,
+                                       stats=self.stats if training else self.eval_stats))
+
+    def restart(self, run: EpisodeRun) -> EpisodeRun:
+        """A fresh episode in place of `run` (close `run` separately), counted alike."""
+        state = run.state
+        return EpisodeRun(EpisodeState(self.decode, state.max_tokens, stats=state.stats))
+
+    async def take_turn(self, run: EpisodeRun, result: GenerationResult, prompt: str,
+                        answer: str) -> tuple[Observation, Episode | None]:
+        """Append the turn `result` ends and step the environment: the observation, and the
+        finished Episode (its environment closed) or None when the model takes the next turn
+        (resume from `run.state.transcript`)."""
+        state = run.state
+        start = len(state.transcript)
+        if list(result.token_ids[:start]) != state.transcript.token_ids:
+            raise RuntimeError(f"request {result.request_id}: the engine returned a transcript "
+                               "that differs from the one it resumed from")
+        action = state.act(Turn(list(result.token_ids[start:]), list(result.logprobs[start:]),
+                                list(result.versions[start:]), result.finish_reason))
+        try:
+            if run.env is None:
+                run.env = self.factory(prompt=prompt, answer=answer)
+                state.cutoff_reward = run.env.limits.cutoff_reward
+            observation = await run.env.step(action)
+        except Exception as exc:  # a custom environment's bug costs its episode, not the run
+            observation = Observation(done=True, reward=state.cutoff_reward, ended_by="error",
+                                      error=f"{type(exc).__name__}: {exc}")
+        if observation.done and observation.reward is not None and \
+                not math.isfinite(observation.reward):
+            observation = Observation(done=True, reward=state.cutoff_reward, ended_by="error",
+                                      tool=observation.tool,
+                                      error=f"environment reward {observation.reward}")
+        episode = state.observe(observation)
+        if episode is not None:
+            await self.close(run)
+        return observation, episode
+
+    def result(self, run: EpisodeRun, last: GenerationResult) -> GenerationResult:
+        """The transcript as one result: what is stored, scored and trained (or resumed)."""
+        t = run.state.transcript
+        return GenerationResult(last.request_id, list(last.prompt_ids), list(t.token_ids),
+                                list(t.logprobs), list(t.versions), last.finish_reason,
+                                loss_mask=list(t.loss_mask))
+
+    async def close(self, run: EpisodeRun) -> None:
+        """Release the environment (an episode ended, or is restarted from scratch)."""
+        env, run.env = run.env, None
+        if env is None:
+            return
+        try:
+            await env.close()
+        except Exception as exc:  # a leak to log, not a reason to lose the episode
+            if run.state.stats is not None:
+                run.state.stats.error(f"close: {type(exc).__name__}: {exc}")
