@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from ..tasks.arith import format_prompt, parse_prompt
-from ..tasks.dataset import write_rows
+from ..tasks.arith import write_splits as write_task_splits
 from .calculator import TINY_SYNTAX
 
 
@@ -65,12 +65,8 @@ def generate_rows(count: int, seed: int, split: str, config: ToolTaskConfig) -> 
 def write_splits(out_dir: Path, seed: int, train_count: int, eval_count: int,
                  config: ToolTaskConfig) -> tuple[Path, Path]:
     """Write `train.jsonl` and `eval.jsonl` into `out_dir`; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train_path, eval_path = out_dir / "train.jsonl", out_dir / "eval.jsonl"
-    write_rows(train_path, generate_rows(train_count, seed, "train", config))
-    write_rows(eval_path, generate_rows(eval_count, seed, "eval", config))
-    return train_path, eval_path
+    return write_task_splits(out_dir, seed, train_count, eval_count, config,
+                             generate=generate_rows)
 
 
 def _number(rng: random.Random, digits: int) -> int:

@@ -98,12 +98,15 @@ def generate_rows(count: int, seed: int, split: str, config: ArithTaskConfig) ->
 
 
 def write_splits(
-    out_dir: Path, seed: int, train_count: int, eval_count: int, config: ArithTaskConfig
+    out_dir: Path, seed: int, train_count: int, eval_count: int, config: ArithTaskConfig,
+    generate=None,
 ) -> tuple[Path, Path]:
-    """Write `train.jsonl` and `eval.jsonl` into `out_dir`; returns their paths."""
+    """Write `train.jsonl` and `eval.jsonl` into `out_dir`; returns their paths. `generate`
+    (default: this task's `generate_rows`) makes another task's rows the same way."""
+    generate = generate or generate_rows
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, eval_path = out_dir / "train.jsonl", out_dir / "eval.jsonl"
-    write_rows(train_path, generate_rows(train_count, seed, "train", config))
-    write_rows(eval_path, generate_rows(eval_count, seed, "eval", config))
+    write_rows(train_path, generate(train_count, seed, "train", config))
+    write_rows(eval_path, generate(eval_count, seed, "eval", config))
     return train_path, eval_path

@@ -88,6 +88,24 @@ class EngineStats:
         return self.tokens_generated / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
 
+def check_request(request: GenerationRequest, max_positions: int) -> None:
+    """What an engine that runs a real model refuses before starting a request: more tokens
+    than the model has positions, nothing left to generate, a history of unequal lengths."""
+    total = len(request.prompt_ids) + request.sampling.max_new_tokens
+    if total > max_positions:
+        raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
+                         f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
+                         f"exceeds the model's {max_positions} positions")
+    if len(request.resume_ids) >= request.sampling.max_new_tokens:
+        raise ValueError(f"request {request.request_id}: resumes with "
+                         f"{len(request.resume_ids)} tokens, max_new_tokens is "
+                         f"{request.sampling.max_new_tokens}; nothing is left to generate")
+    if len(request.resume_logprobs) != len(request.resume_ids) or \
+            len(request.resume_versions) != len(request.resume_ids):
+        raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
+                         "differ in length")
+
+
 class InferenceEngine(abc.ABC):
     """One rollout worker's engine. Every method is safe to call while `generate` runs."""
 

@@ -27,7 +27,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from ...hal import Platform
-from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
+from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
+                   check_request)
 from .sampling import sample
 
 
@@ -85,7 +86,7 @@ class HFInferenceEngine(InferenceEngine):
     # ---- generation ---------------------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         for request in requests:
-            self._check(request)
+            check_request(request, self.max_positions)
         pending = list(requests)
         self._waiting += len(pending)
         try:
@@ -102,21 +103,6 @@ class HFInferenceEngine(InferenceEngine):
                     yield result
         finally:
             self._waiting -= len(pending)
-
-    def _check(self, request: GenerationRequest) -> None:
-        total = len(request.prompt_ids) + request.sampling.max_new_tokens
-        if total > self.max_positions:
-            raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
-                             f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
-                             f"exceeds the model's {self.max_positions} positions")
-        if len(request.resume_ids) >= request.sampling.max_new_tokens:
-            raise ValueError(f"request {request.request_id}: resumes with "
-                             f"{len(request.resume_ids)} tokens, max_new_tokens is "
-                             f"{request.sampling.max_new_tokens}; nothing is left to generate")
-        if len(request.resume_logprobs) != len(request.resume_ids) or \
-                len(request.resume_versions) != len(request.resume_ids):
-            raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
-                             "differ in length")
 
     async def _decode(self, chunk: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
         if self._sleeping:

@@ -34,7 +34,8 @@ from typing import AsyncIterator, Iterable
 import torch
 
 from ...hal import Platform
-from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
+from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
+                   check_request)
 from .vllm_api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
 from .vllm_loop import LoopThread, Slots
 from .vllm_weights import pack, weight_names
@@ -153,7 +154,7 @@ class VLLMInferenceEngine(InferenceEngine):
         if not requests:
             return
         for request in requests:
-            self._check(request)
+            check_request(request, self.max_positions)
         if self._sleeping:
             raise RuntimeError("generate called on a sleeping engine; call wake() first")
         self._waiting += len(requests)
@@ -175,21 +176,6 @@ class VLLMInferenceEngine(InferenceEngine):
         finally:
             for task in tasks:
                 task.cancel()
-
-    def _check(self, request: GenerationRequest) -> None:
-        total = len(request.prompt_ids) + request.sampling.max_new_tokens
-        if total > self.max_positions:
-            raise ValueError(f"request {request.request_id}: prompt ({len(request.prompt_ids)} "
-                             f"tokens) + max_new_tokens ({request.sampling.max_new_tokens}) "
-                             f"exceeds the model's {self.max_positions} positions")
-        if len(request.resume_ids) >= request.sampling.max_new_tokens:
-            raise ValueError(f"request {request.request_id}: resumes with "
-                             f"{len(request.resume_ids)} tokens, max_new_tokens is "
-                             f"{request.sampling.max_new_tokens}; nothing is left to generate")
-        if len(request.resume_logprobs) != len(request.resume_ids) or \
-                len(request.resume_versions) != len(request.resume_ids):
-            raise ValueError(f"request {request.request_id}: resume ids, log-probs and versions "
-                             "differ in length")
 
     async def _switch_for(self, requests: list[GenerationRequest]) -> bool:
         """As `hf`: join the hosted version, or wait for the running requests to drain and
