@@ -136,6 +136,11 @@ class SimRuntime:
             self._trace_roles[worker](name, self.now() if at is None else at, seconds,
                                       {"worker": worker})
 
+    def close_roles(self, end_s: float) -> None:
+        """Trace the replica time of workers still lent to training when the run ended."""
+        for worker, joined in self._joined_at.items():
+            self._record_role(worker, "replica", end_s - joined, at=joined)
+
     def now(self) -> float:
         return asyncio.get_running_loop().time()
 
@@ -303,8 +308,7 @@ def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda 
     instances = len(runtime.workers)
     rollout_busy = sum(engine.stats().busy_seconds for engine in runtime.workers)
     steps = [m for m in controller.history if m.get("step", 0) > 0]
-    for worker, joined in runtime._joined_at.items():  # still lent when the run ended
-        runtime._record_role(worker, "replica", virtual_s - joined, at=joined)
+    runtime.close_roles(virtual_s)
     if trace_path:
         timeline.write(trace_path)
     if timeline_png:
