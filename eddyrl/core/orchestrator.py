@@ -15,6 +15,14 @@ hold many workers back from the new one:
   the latest version or can switch to it at once, legacy requests to a host of their version.
 - `legacy_room` lists legacy hosts with free slots, which DORA fills opportunistically with
   new prompts of that version (the version window decides whether the deadline allows it).
+- Multi-turn episodes between turns (`paused` .. `resumed`: their environment works) stay
+  counted on their worker as their version's live work (DORA retires a version only when all
+  its trajectories are collected), but the engine does not see them: once its running
+  requests drain it takes newer weights as soon as a newer request arrives. So `pick` sends
+  new-version requests to a worker whose legacy weights such episodes wait for only when no
+  other worker is available, and the book follows the engine: a worker switches when its
+  running legacy requests drain, and episodes stranded on it move to another host of their
+  version (`plan`, or the rollout at their next turn) or, when none is left, start over.
 
 The controller reports what happens (`dispatched`, `finished`, `loaded`); nothing here waits,
 so the runtime and the simulator drive the same object. The worker side of the contract: an
@@ -54,6 +62,8 @@ class VersionOrchestrator:
         self.latest = 0
         self.hosted = [0] * num_workers  # version each worker's loaded weights carry
         self.pending: list[Counter[int]] = [Counter() for _ in range(num_workers)]
+        # of `pending`: episodes between turns (their engine does not run them now)
+        self.between_turns: list[Counter[int]] = [Counter() for _ in range(num_workers)]
         self.available = [True] * num_workers  # False: lent to training (elastic pool)
         self.kv_usage = [0.0] * num_workers  # KV cache in use, fraction (last report)
         self.migrations = 0
@@ -73,6 +83,8 @@ class VersionOrchestrator:
             queued = [v for v in pending if self.hosted[worker] < v < version]
             for v in queued:
                 pending[version] += pending.pop(v)
+                if v in self.between_turns[worker]:
+                    self.between_turns[worker][version] += self.between_turns[worker].pop(v)
 
     def dispatched(self, worker: int, version: int, count: int = 1) -> None:
         """`count` requests of `version` were sent to `worker`. A request for the latest
@@ -82,7 +94,7 @@ class VersionOrchestrator:
                              f"switch only to {self.latest}; it cannot generate version "
                              f"{version} (C1)")
         if version == self.latest and self.hosted[worker] != version and \
-                not self._legacy_pending(worker):
+                not self._legacy_running(worker):
             self.hosted[worker] = version  # idle: switches as the request arrives
         self.pending[worker][version] += count
 
@@ -91,11 +103,34 @@ class VersionOrchestrator:
         if self.pending[worker][version] < count:
             raise ValueError(f"worker {worker} has {self.pending[worker][version]} running "
                              f"requests of version {version}, not {count}")
+        if self.pending[worker][version] - self.between_turns[worker][version] < count:
+            raise ValueError(f"worker {worker}: {self.between_turns[worker][version]} of its "
+                             f"version {version} requests are between turns; resume them "
+                             "before they finish")
         self.pending[worker][version] -= count
         if not self.pending[worker][version]:
             del self.pending[worker][version]
-        if self.latest in self.pending[worker] and not self._legacy_pending(worker):
+        if self.latest in self.pending[worker] and not self._legacy_running(worker):
             self.hosted[worker] = self.latest  # drained: the queued new requests start
+
+    def paused(self, worker: int, version: int, count: int = 1) -> None:
+        """`count` episodes of `version` on `worker` ended a turn and wait for their
+        environment: still counted there (their next turn comes back), not run by the engine."""
+        if self.pending[worker][version] - self.between_turns[worker][version] < count:
+            raise ValueError(f"worker {worker} runs {self.pending[worker][version]} requests "
+                             f"of version {version}, {self.between_turns[worker][version]} of "
+                             f"them between turns already; cannot pause {count} more")
+        self.between_turns[worker][version] += count
+
+    def resumed(self, worker: int, version: int, count: int = 1) -> None:
+        """`count` paused episodes' environments answered: their next turn goes to the engine
+        (or the episode ends: `finished` follows)."""
+        if self.between_turns[worker][version] < count:
+            raise ValueError(f"worker {worker} has {self.between_turns[worker][version]} "
+                             f"episodes of version {version} between turns, not {count}")
+        self.between_turns[worker][version] -= count
+        if not self.between_turns[worker][version]:
+            del self.between_turns[worker][version]
 
     def observed_kv(self, usage: list[float]) -> None:
         """Each worker's KV-cache use as its engine reports it (a fraction of its cache): a
@@ -142,7 +177,9 @@ class VersionOrchestrator:
         with the most of its requests keep it; the others' requests are spread over those,
         least loaded first, counting the moves already planned), and that evacuate workers
         lent to training, where another worker hosts the version of their requests (else
-        those finish where they are)."""
+        those finish where they are). Requests counted on a worker that no longer hosts their
+        version (episodes between turns whose worker took new weights) go to a worker that
+        does, if one is left (else they start over at their next turn)."""
         targets = self.targets(new_requests)
         load = [sum(pending.values()) for pending in self.pending]  # as planned so far
         moves: list[Migration] = []
@@ -156,7 +193,8 @@ class VersionOrchestrator:
             else:
                 # Only workers that host the version now can take its requests: one whose book
                 # still shows some (results on their way) may already run newer weights.
-                keep = [w for w in hosts if w in receivers][:max(1, targets.get(version, 1))]
+                keep = [w for w in hosts if w in receivers][:max(1, targets.get(version, 1))] \
+                    or sorted(receivers, key=lambda w: (load[w], w))[:1]
             for source in hosts:
                 # new-version requests queued behind a legacy tail stay: they start there soon
                 staying = version == self.latest and self.available[source]
@@ -167,37 +205,49 @@ class VersionOrchestrator:
                     moves.append(Migration(source, target, version, count))
         return moves
 
-    def moved(self, source: int, target: int, version: int, count: int = 1) -> None:
-        """`count` requests of `version` left `source` (aborted) and now run on `target`."""
+    def moved(self, source: int, target: int, version: int, count: int = 1, *,
+              between_turns: bool = False) -> None:
+        """`count` requests of `version` left `source` (aborted) and now run on `target`; or,
+        `between_turns`, paused episodes whose next turn now goes to `target` (no abort)."""
         if not self.can_run_now(target, version):
             raise ValueError(f"cannot move version {version} requests to worker {target}: it "
                              f"hosts version {self.hosted[target]} (C1)")
+        if between_turns:
+            self.resumed(source, version, count)
         self.finished(source, version, count)
         self.dispatched(target, version, count)
+        if between_turns:
+            self.paused(target, version, count)
         self.migrations += count
 
     def adopt_latest(self) -> None:
         """Partial rollout: running requests continue on the newest weights, so all pending
         work counts as the latest version's."""
-        for pending in self.pending:
-            total = sum(pending.values())
-            pending.clear()
+        for counts in self.pending + self.between_turns:
+            total = sum(counts.values())
+            counts.clear()
             if total:
-                pending[self.latest] = total
+                counts[self.latest] = total
 
     def can_run_now(self, worker: int, version: int) -> bool:
         """Whether a request of `version` sent to `worker` now starts without waiting for a
         legacy tail: the worker hosts that version, or it is the latest one and the worker has
-        no older request left (it switches as the request arrives)."""
+        no older request left (it switches as the request arrives), not even an episode
+        between turns that needs its weights."""
         return self.available[worker] and (
             self.hosted[worker] == version
-            or (version == self.latest and not self._legacy_pending(worker)))
+            or (version == self.latest and not self._legacy_running(worker)
+                and not self._legacy_waiting(worker)))
+
+    def hosts_now(self, version: int) -> list[int]:
+        """Workers that can run a request of `version` now (`can_run_now`)."""
+        return [w for w in range(self.num_workers) if self.can_run_now(w, version)]
 
     def eligible(self, version: int) -> list[int]:
         """Workers a request of `version` may be sent to, soonest first: those that can run it
         now; for the latest version, if none can, every available worker (it waits there
         for the legacy tail to drain, then the worker switches)."""
-        now = [w for w in range(self.num_workers) if self.can_run_now(w, version)]
+        now = self.hosts_now(version)
         if now or version != self.latest:
             if not now:
                 raise ValueError(f"no worker hosts version {version} (hosted: {self.hosted})")
@@ -209,9 +259,15 @@ class VersionOrchestrator:
         length counted in requests: a worker that can run it now has its own queue; one still
         draining a legacy tail counts a full batch on top (the tail goes first, then it switches).
         A latest-version request so goes to a host of that version until that host's queue is
-        a batch longer than a draining worker's, instead of piling on the only host."""
-        candidates = self.eligible(version) if version != self.latest else \
-            [w for w in range(self.num_workers) if self.available[w]]
+        a batch longer than a draining worker's, instead of piling on the only host; and to a
+        worker whose legacy weights episodes between turns wait for only if there is no other
+        (it would switch, and they would have to move or start over)."""
+        if version != self.latest:
+            candidates = self.eligible(version)
+        else:
+            candidates = [w for w in range(self.num_workers) if self.available[w]]
+            free = [w for w in candidates if not self._legacy_waiting(w)]
+            candidates = free or candidates
         return min(candidates, key=lambda w: (
             sum(self.pending[w].values())
             + (0 if self.can_run_now(w, version) else self.slots_per_worker), w))
@@ -237,8 +293,16 @@ class VersionOrchestrator:
                    if self.hosted[w] == version and self.pending[w][version])
         return math.ceil(used / KV_FILL - 1e-9)
 
-    def _legacy_pending(self, worker: int) -> int:
-        return sum(n for v, n in self.pending[worker].items() if v < self.latest)
+    def _legacy_running(self, worker: int) -> int:
+        """Legacy requests the worker's engine runs or queues: it keeps its weights until they
+        drain (episodes between turns do not hold it: the engine does not see them)."""
+        return sum(n - self.between_turns[worker][v]
+                   for v, n in self.pending[worker].items() if v < self.latest)
+
+    def _legacy_waiting(self, worker: int) -> int:
+        """Episodes between turns whose next turn needs the worker's (legacy) weights."""
+        version = self.hosted[worker]
+        return self.between_turns[worker][version] if version < self.latest else 0
 
 
 def _spread(count: int, workers: list[int], load: list[int]) -> list[tuple[int, int]]:

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import ConfigError
+from ..plugins import load_reward_fn  # noqa: F401  (where callers load data.reward_fn from)
 
 RewardFn = Callable[[str, str], float]
-
-
-def load_reward_fn(dotted: str, key: str = "data.reward_fn") -> RewardFn:
-    """`package.module:function`, checked to be callable, with a clear error otherwise."""
-    module_name, _, attr = dotted.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigError(f"config key {key!r} = {dotted!r}: module {module_name!r} cannot be "
-                          f"imported ({type(exc).__name__}: {exc})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"config key {key!r} = {dotted!r}: {module_name} has no callable "
-                          f"{attr!r}")
-    return fn
 
 
 @dataclass

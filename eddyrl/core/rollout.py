@@ -15,9 +15,14 @@ Who decides what:
   written by separate producers (the generation stream, the scorer) and a group is collected
   when both are complete for all of its rows;
 - the ledger: each group's lifecycle, for the exactly-once proof;
-- the episodes (multi-turn, optional, `core/episodes.py`): what each turn's end means; between
-  turns the request stays counted on its worker (no engine runs it while its environment
-  steps), and it resumes there from the transcript, with its version (C1), like a migration.
+- the episodes (multi-turn, optional): what each turn's end means; between turns the request
+  stays counted on its worker (no engine runs it while its environment steps), and it resumes
+  from the transcript, with its version (C1), like a migration.
+
+This module dispatches, streams results into the store and hands out batches. Moving requests
+between workers (versions published, DORA's consolidation, the router's moves, restarts) is
+`core/migration.py`, what happens at an episode's turn ends is `core/episodes.py`: both are
+mixins of `StreamingRollout`, which owns all the state.
 
 Generation runs as background tasks, one per (worker, call); a failure in one is re-raised to
 whoever waits next, with the worker's name from the runtime's error.
@@ -31,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
-from ..envs.base import Observation
 from ..scheduler.buckets import BucketRouter
-from .episodes import EpisodeRun, Episodes
+from .episodes import EpisodeRun, Episodes, EpisodeTurns
 from .ledger import Ledger
+from .migration import RolloutMigration
 from .orchestrator import VersionOrchestrator
 from .rewarding import SafeReward
 from .store import ExperienceStore
@@ -59,7 +64,7 @@ class _Request:
 
 
 @dataclass
-class StreamingRollout:
+class StreamingRollout(EpisodeTurns, RolloutMigration):
     runtime: Any  # controller.Runtime
     window: VersionWindow
     orchestrator: VersionOrchestrator
@@ -157,13 +162,6 @@ class StreamingRollout:
                 request_id, group.prompt_ids, sampling, version, priority))
         return first
 
-    def _new_episode(self, sampling: SamplingParams, training: bool) -> EpisodeRun | None:
-        """An episode for a new request (None: single-turn); `training` picks the statistics
-        it counts in (held-out evaluation has its own)."""
-        if self.episodes is None:
-            return None
-        return self.episodes.start(sampling.max_new_tokens, training)
-
     def _request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                  version: int, priority: int, partial: GenerationResult | None = None
                  ) -> GenerationRequest:
@@ -208,7 +206,7 @@ class StreamingRollout:
             self._route(result.request_id, request, result)
             return
         if result.finish_reason == "refused":
-            self._restart(request, result.request_id)
+            self._restart(request, result.request_id, "refused")
             return
         if request.moving_to is not None:
             # The orchestrator's book has had it on the target since the move was decided.
@@ -229,49 +227,10 @@ class StreamingRollout:
             raise RuntimeError(f"request {result.request_id} on worker {worker} was aborted "
                                "without a migration asking for it")
         if request.episode is not None:  # the environment answers the turn, off this call
-            request.episode.stepping = True
-            self._track(self._take_turn(result.request_id, request, result))
+            self._turn_ended(result.request_id, request, result)
             return
         self._finish(request, result, *self.reward(self.decode(result.token_ids),
                                                    request.group.answer))
-
-    async def _take_turn(self, request_id: str, request: _Request,
-                         result: GenerationResult) -> None:
-        """Step the episode's environment on the turn `result` ends, then resume the request
-        from the transcript on its worker (where it is still counted), or finish it."""
-        try:
-            run = request.episode
-            observation, episode = await self.episodes.take_turn(
-                run, result, request.group.prompt, request.group.answer)
-            run.stepping = False
-            if episode is None:
-                tokens = len(run.state.transcript) - len(observation.token_ids)
-                self._tool_returned(request_id, request, observation, tokens)
-                self._queue_resume(request, self.episodes.result(run, result))
-                return
-            final = self.episodes.result(run, result)
-            if episode.reward is None:  # the environment left scoring to the task's reward
-                reward, error = self.reward(episode.final_text, request.group.answer)
-            else:
-                reward, error = float(episode.reward), None
-            self._finish(request, final, reward, error)
-        except BaseException as exc:  # surfaced to whoever waits next
-            self._fail(exc)
-
-    def _tool_returned(self, request_id: str, request: _Request, observation: Observation,
-                       tokens: int) -> None:
-        """Libra: a tool returned after `tokens` output tokens; the router records the state
-        and may send the request's next turn to another bucket (nothing runs: no abort)."""
-        if self.router is None or observation.tool is None:
-            return
-        allowed = self._allowed_targets(request) or [request.worker]  # record, do not move
-        move = self.router.on_state(request_id, observation.tool.state(), tokens, allowed)
-        if move is None:
-            return
-        self.orchestrator.moved(request.worker, move.target.instance, request.version)
-        request.worker = move.target.instance
-        self.routed += 1
-        self.migrated += 1
 
     def _finish(self, request: _Request, result: GenerationResult, reward: float,
                 error: str | None) -> None:
@@ -330,157 +289,11 @@ class StreamingRollout:
             groups.append(group)
         return groups
 
-    # -- versions and migration ----------------------------------------------------------------
-
-    def published(self, version: int, hosted: list[int]) -> None:
-        """New weights reached every worker; `hosted` is what each one now generates with.
-        Requests still queued for an older staged version will start on this one (the engine
-        applies the newest staged weights); their group keeps its dispatch version for the
-        window, which only makes the staleness bound more conservative."""
-        self.orchestrator.published(version, hosted)
-        if self.partial_rollout:  # running requests go on with the new weights
-            self.orchestrator.adopt_latest()
-        for request in self._requests.values():
-            if self.partial_rollout or hosted[request.worker] < request.version < version:
-                request.version = version
-
-    async def rebalance(self, new_requests: int) -> int:
-        """DORA's reassignment after a train step: consolidate legacy versions onto their share
-        of workers by aborting requests on evacuated workers and resuming them (same version)
-        on the hosts that keep it; workers lent to training are evacuated the same way.
-        Returns the requests set moving."""
-        if self.partial_rollout:
-            return 0  # every worker already runs the latest weights: lent ones just drain
-        moving = 0
-        self.orchestrator.observed_kv([s.kv_cache_usage for s in
-                                       await self.runtime.worker_stats()])
-        for move in self.orchestrator.plan(new_requests):
-            if not self.migrate and self.orchestrator.available[move.source]:
-                continue  # consolidation off; evacuating a lent worker is still needed
-            ids = [rid for rid, r in self._requests.items()
-                   if r.worker == move.source and r.version == move.version
-                   and r.moving_to is None][:move.count]
-            if not ids:
-                continue
-            self.orchestrator.moved(move.source, move.target, move.version, len(ids))
-            running = []
-            for rid in ids:
-                request = self._requests[rid]
-                if request.episode is not None and request.episode.stepping:
-                    request.worker = move.target  # between turns: the next one starts there
-                    self.migrated += 1
-                else:
-                    request.moving_to = move.target
-                    running.append(rid)
-                if self.router is not None:
-                    self.router.relocate(rid, move.target)
-            moving += len(ids)
-            if running:
-                await self.runtime.abort(move.source, running)
-        return moving
-
     def take_bucket_lengths(self) -> dict[str, list[int]]:
         """Lengths of the training requests finished in each bucket since the last call (the
         first call starts the record)."""
         lengths, self._bucket_lengths = self._bucket_lengths, {}
         return lengths or {}
-
-    # -- elastic pool --------------------------------------------------------------------------
-
-    async def lend(self, worker: int) -> int:
-        """Stop giving `worker` work and move its running requests elsewhere where another
-        worker hosts their version; returns the requests still running on it (they finish
-        there: `running_on` says when it is empty)."""
-        self.orchestrator.set_available(worker, False)
-        await self.rebalance(0)
-        return self.running_on(worker)
-
-    def running_on(self, worker: int) -> int:
-        return sum(self.orchestrator.pending[worker].values())
-
-    def take_back(self, worker: int, hosted_version: int) -> None:
-        """`worker` is a rollout worker again, hosting `hosted_version`."""
-        self.orchestrator.hosted[worker] = hosted_version
-        self.orchestrator.set_available(worker, True)
-
-    def _restart(self, request: _Request, request_id: str) -> None:
-        """A worker refused the request: the weights of its version are gone there (its book
-        entry was behind the engine, e.g. results still on their way when new weights were
-        applied). C1 forbids finishing it on other weights, so it is regenerated from scratch
-        on the latest version: one version per trajectory, no sample lost. Its group keeps its
-        dispatch version in the window, which only makes the staleness bound conservative."""
-        self.orchestrator.finished(request.worker, request.version)
-        request.version = self.orchestrator.latest
-        if request.episode is not None:  # an episode restarts too, in a fresh environment
-            self._track(self.episodes.close(request.episode))
-            request.episode = self.episodes.restart(request.episode)
-        if self.router is not None:  # from scratch: a new path, from the smallest bucket
-            self.router.cancel(request_id)
-            request.worker = self.router.start(request_id, request.group.prompt,
-                                               self.orchestrator.eligible(request.version)
-                                               ).instance
-        else:
-            request.worker = self.orchestrator.pick(request.version)
-        self.orchestrator.dispatched(request.worker, request.version)
-        self.restarted += 1
-        self._launch_all({request.worker: [self._request(
-            request_id, request.group.prompt_ids, request.sampling, request.version,
-            request.priority)]})
-
-    def _route(self, request_id: str, request: _Request, progress: GenerationResult) -> None:
-        """A length milestone: ask the router whether the request belongs in another bucket
-        now, and move it there (abort, resume on the target) if so. The target must be able
-        to run the request's version at once (C1)."""
-        if self.router is None or request.moving_to is not None:
-            return  # already on its way somewhere
-        allowed = self._allowed_targets(request)
-        if not allowed:
-            return
-        move = self.router.on_progress(request_id, len(progress.token_ids), allowed)
-        if move is None:
-            return
-        self.orchestrator.moved(move.source.instance, move.target.instance, request.version)
-        request.moving_to = move.target.instance
-        self.routed += 1
-        self._abort.setdefault(move.source.instance, []).append(request_id)
-        self._schedule_flush()
-
-    def _allowed_targets(self, request: _Request) -> list[int]:
-        """Workers the router may move the request to: those that can run its version now."""
-        if self.partial_rollout:
-            return [w for w in range(self.orchestrator.num_workers)
-                    if self.orchestrator.available[w]]
-        return [w for w in range(self.orchestrator.num_workers)
-                if self.orchestrator.can_run_now(w, request.version)]
-
-    def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
-        """Continue the request on its worker from `partial`'s tokens (a migration's abort, or
-        an episode's transcript), batched per worker with the others of this moment."""
-        self._resume.setdefault(request.worker, []).append(self._request(
-            partial.request_id, partial.prompt_ids, request.sampling, request.version,
-            request.priority, partial))
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            # Results of one decode step arrive together: abort and resume them as one call
-            # per worker.
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        resume, self._resume = self._resume, {}
-        aborts, self._abort = self._abort, {}
-        self._launch_all(resume)
-        for worker, ids in aborts.items():
-            self._track(self._abort_on(worker, ids))
-
-    async def _abort_on(self, worker: int, request_ids: list[str]) -> None:
-        try:
-            await self.runtime.abort(worker, request_ids)
-        except BaseException as exc:  # surfaced to whoever waits next
-            self._fail(exc)
 
     # -- waiting -------------------------------------------------------------------------------
 

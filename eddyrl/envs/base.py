@@ -190,7 +190,8 @@ def _check_reply(reply: object) -> None:
 @dataclass
 class EnvStats:
     """Counts over many episodes for the metrics log: turns, tool calls by tool and status,
-    episode endings, and the last few environment errors."""
+    episode endings, episodes started over (their turns lost) by why, and the last few
+    environment errors."""
 
     turns: int = 0
     episodes: int = 0
@@ -199,6 +200,7 @@ class EnvStats:
     errors: int = 0
     last_errors: list[str] = field(default_factory=list)
     tool_seconds: float = 0.0
+    restarts: Counter = field(default_factory=Counter)  # why -> episodes started over
 
     def record(self, observation: Observation) -> None:
         self.turns += 1
@@ -214,15 +216,21 @@ class EnvStats:
         self.episodes += 1
         self.ended_by[reason] += 1
 
+    def restarted(self, reason: str) -> None:
+        self.restarts[reason] += 1
+
     def error(self, message: str) -> None:
         self.errors += 1
         self.last_errors = (self.last_errors + [message])[-5:]
 
     def metrics(self, prefix: str = "env/") -> dict[str, float]:
         out = {f"{prefix}turns": float(self.turns), f"{prefix}episodes": float(self.episodes),
-               f"{prefix}errors": float(self.errors), f"{prefix}tool_seconds": self.tool_seconds}
+               f"{prefix}errors": float(self.errors), f"{prefix}tool_seconds": self.tool_seconds,
+               f"{prefix}restarted_episodes": float(sum(self.restarts.values()))}
         for (tool, status), count in sorted(self.tool_calls.items()):
             out[f"{prefix}calls/{tool}/{status}"] = float(count)
         for reason, count in sorted(self.ended_by.items()):
             out[f"{prefix}ended_by/{reason}"] = float(count)
+        for reason, count in sorted(self.restarts.items()):
+            out[f"{prefix}restarted_by/{reason}"] = float(count)
         return out

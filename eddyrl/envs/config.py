@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import ConfigError
+from ..plugins import load_reward_fn
 from ..validation import check_range, did_you_mean
 from .base import DEFAULT_PAYLOAD_BYTES, EpisodeLimits
-from .loading import EnvironmentFactory, load_environment, load_reward
+from .loading import EnvironmentFactory, load_environment
 
 BUNDLED = {"calculator": "eddyrl.envs.calculator:CalculatorEnv",
            "python": "eddyrl.envs.python_tool:PythonEnv"}
@@ -63,7 +64,7 @@ class EnvConfig:
         options = dict(self.options)
         if self.name in BUNDLED:
             key = f"{prefix}.options.reward_fn" if "reward_fn" in options else "data.reward_fn"
-            options["reward_fn"] = load_reward(options.get("reward_fn", reward_fn), key)
+            options["reward_fn"] = load_reward_fn(options.get("reward_fn", reward_fn), key)
         factory = load_environment(BUNDLED.get(self.name, self.name), f"{prefix}.name",
                                    tokenizer=tokenizer, limits=self.limits(),
                                    payload_bytes=tuple(payload_bytes), **options)

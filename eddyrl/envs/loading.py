@@ -1,38 +1,16 @@
-"""Environments and reward functions named in config by dotted path, `package.module:Name`,
-checked when the config is loaded so that a typo fails at start-up with the key, the value and
-what is wrong, not hours later inside a rollout."""
+"""Environments named in config by dotted path, `package.module:Name`, checked when the config
+is loaded so that a typo fails at start-up with the key, the value and what is wrong, not hours
+later inside a rollout. The path itself is resolved by `eddyrl.plugins.load_dotted`, like a
+reward function's."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import re
-from typing import Any, Callable
+from typing import Callable
 
 from ..errors import ConfigError
+from ..plugins import load_dotted
 from .base import Environment
-
-_DOTTED = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
-
-
-def import_dotted(dotted: str, key: str) -> Any:
-    """The object `package.module:Name` names (`Name` may be `Outer.Inner`); ConfigError
-    naming `key` when the path is malformed, its module does not import, or it lacks Name."""
-    where = f"config key {key!r} = {dotted!r}"
-    if not isinstance(dotted, str) or not _DOTTED.fullmatch(dotted):
-        raise ConfigError(f"{where} is not a dotted path of the form 'package.module:Name'")
-    module_name, _, attr = dotted.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigError(f"{where}: module {module_name!r} cannot be imported "
-                          f"({type(exc).__name__}: {exc})") from None
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
-        target = getattr(target, part)
-    return target
 
 
 class EnvironmentFactory:
@@ -54,7 +32,8 @@ def load_environment(dotted: str, /, key: str = "env.name", **kwargs) -> Environ
     """A factory for the environment `dotted` names: an `Environment` subclass, or a callable
     that returns one. `kwargs` are checked against its signature now (with `prompt` and
     `answer`, which each episode supplies); ConfigError naming `key` on any problem."""
-    target = import_dotted(dotted, key)
+    target = load_dotted(dotted, key, expect="an Environment subclass or a factory function "
+                                             "returning one")
     where = f"config key {key!r} = {dotted!r}"
     if inspect.isclass(target):
         if not issubclass(target, Environment):
@@ -63,9 +42,6 @@ def load_environment(dotted: str, /, key: str = "env.name", **kwargs) -> Environ
         if inspect.isabstract(target):
             missing = ", ".join(sorted(target.__abstractmethods__))
             raise ConfigError(f"{where}: {target.__name__} is abstract (implement {missing})")
-    elif not callable(target):
-        raise ConfigError(f"{where} is a {type(target).__name__}, not an Environment subclass "
-                          "or a factory function returning one")
     if {"prompt", "answer"} & set(kwargs):
         raise ConfigError(f"{where}: prompt and answer are given per episode, not at load time")
     _check_arguments(target, kwargs, where)
@@ -101,12 +77,3 @@ def _check_arguments(target: Callable, kwargs: dict, where: str) -> None:
             ([f"missing arguments {', '.join(missing)}"] if missing else [])
         raise ConfigError(f"{where}: {'; '.join(problems)} (it takes: "
                           f"{', '.join(sorted(named - {'prompt', 'answer'}))})")
-
-
-def load_reward(dotted: str, key: str = "env.reward_fn") -> Callable[[str, str], float]:
-    """The reward function `dotted` names: `fn(response_text, answer) -> float`."""
-    fn = import_dotted(dotted, key)
-    if not callable(fn):
-        raise ConfigError(f"config key {key!r} = {dotted!r} is a {type(fn).__name__}, not a "
-                          "callable fn(response_text, answer) -> float")
-    return fn

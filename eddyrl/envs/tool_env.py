@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ConfigError
+from ..plugins import load_reward_fn
 from .base import Action, Environment, Reply
-from .loading import load_reward
 
 RewardFn = Callable[[str, str], float]
 DEFAULT_REWARD = "eddyrl.tasks.reward:reward"
@@ -64,7 +64,8 @@ class ToolEnv(Environment):
         self.syntax = self.syntaxes[syntax] if isinstance(syntax, str) else \
             syntax or next(iter(self.syntaxes.values()))
         # a config gives a dotted path; validated once per episode, then cached by the import
-        self.reward_fn = load_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn
+        self.reward_fn = load_reward_fn(reward_fn, "env.options.reward_fn") \
+            if isinstance(reward_fn, str) else reward_fn
         self.stop_strings = (self.syntax.call_close,)
 
     @abc.abstractmethod

@@ -255,3 +255,47 @@ def test_new_prompts_do_not_pile_onto_the_only_worker_hosting_the_new_version():
     assert sum(queued) == 40 and max(queued) - min(queued) <= 8 + 2 + 1
     assert queued[1] == max(queued)  # the host of version 1 still takes the most
     assert orch.hosted == [0, 1, 0]  # the others switch once their tails drain (C1)
+
+
+def test_episodes_between_turns_are_live_work_that_keeps_their_worker_on_its_version():
+    """Worker 0 runs one version-0 request and hosts an episode between turns; worker 1 took
+    version 1 and is loaded. New-version requests keep off worker 0 (it would switch as soon as
+    its running request ends, and the episode would have to start over) unless no other
+    worker is available; then the book switches with the engine and the episode is stranded."""
+    orch = VersionOrchestrator(num_workers=2, slots_per_worker=1)
+    orch.dispatched(0, 0, 2)
+    orch.paused(0, 0)  # its environment works: the engine does not see it
+    orch.published(1, [0, 1])
+    orch.dispatched(1, 1, 4)
+    assert orch.targets(0) == {0: 1, 1: 1}  # the episode counts as version 0's work
+    assert not orch.can_run_now(0, 1) and orch.pick(1) == 1  # by queue length: worker 0
+    with pytest.raises(ValueError, match="between turns; resume them"):
+        orch.finished(0, 0, 2)
+    orch.set_available(1, False)
+    assert orch.pick(1) == 0  # nowhere else
+    orch.dispatched(0, 1)
+    orch.finished(0, 0)  # the running one ends: the engine switches for the new request
+    assert orch.hosted[0] == 1 and orch.hosts_now(0) == []  # the episode has no host left
+    orch.resumed(0, 0)
+    orch.finished(0, 0)  # the rollout starts it over
+    assert orch.pending[0] == {1: 1} and orch.between_turns[0] == {}
+
+
+def test_episodes_stranded_by_a_switch_move_to_a_worker_that_still_hosts_their_version():
+    """Worker 0 was idle when version 1 arrived (its episode waited for a tool) and applied it;
+    worker 1 still hosts version 0 with nothing of it running. The plan sends the episode
+    there, between turns (no abort), and from then on worker 1 is kept for it."""
+    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch.dispatched(0, 0)
+    orch.paused(0, 0)
+    orch.dispatched(1, 0)
+    orch.published(1, [1, 0])
+    orch.finished(1, 0)
+    assert orch.can_run_now(0, 1)  # a stranded episode does not hold its worker back
+    assert orch.plan(new_requests=8) == [Migration(0, 1, 0, 1)]
+    orch.moved(0, 1, 0, between_turns=True)
+    assert orch.between_turns == [{}, {0: 1}] and orch.pending == [{}, {0: 1}]
+    assert orch.pick(1) == 0 and not orch.can_run_now(1, 1)
+    orch.published(2, [1, 0])  # relabelling leaves an episode of a hosted version alone
+    orch.adopt_latest()  # partial rollout: it goes on with the newest weights
+    assert orch.between_turns == [{}, {2: 1}]

@@ -27,5 +27,10 @@ def test_load_reward_fn_errors_name_the_key():
     assert load_reward_fn("eddyrl.tasks.reward:reward")("1 = 1", "1") == 1.0
     with pytest.raises(ConfigError, match="'data.reward_fn' = 'nope.mod:f'.*cannot be imported"):
         load_reward_fn("nope.mod:f")
-    with pytest.raises(ConfigError, match="has no callable 'missing'"):
+    with pytest.raises(ConfigError, match="'data.reward_fn' = 'eddyrl.tasks.reward:missing': "
+                                          "module 'eddyrl.tasks.reward' has no attribute "
+                                          "'missing'"):
         load_reward_fn("eddyrl.tasks.reward:missing")
+    with pytest.raises(ConfigError, match="'data.reward_fn' = 'eddyrl.tasks.reward:re': the "
+                                          "object is a module, not a callable"):
+        load_reward_fn("eddyrl.tasks.reward:re")

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from eddyrl.envs import Action, Environment, load_environment, load_reward
+from eddyrl.envs import Action, Environment, load_environment, load_reward_fn
 from eddyrl.envs.calculator import CalculatorEnv
 from eddyrl.errors import ConfigError
 
@@ -96,7 +96,8 @@ def test_missing_attribute(plugin):
 @pytest.mark.parametrize("name, why", [
     ("NotAnEnv", "class NotAnEnv is not a subclass of eddyrl.envs.Environment"),
     ("Abstract", r"Abstract is abstract \(implement respond\)"),
-    ("NUMBER", "is a int, not an Environment subclass or a factory"),
+    ("NUMBER", "'my_envs:NUMBER': the object is a int, not an Environment subclass or a "
+               "factory"),
 ])
 def test_not_an_environment(plugin, name, why):
     with pytest.raises(ConfigError, match=why):
@@ -125,8 +126,18 @@ def test_prompt_and_answer_come_per_episode(plugin, spy):
 
 
 def test_reward_by_dotted_path(plugin):
-    assert load_reward("my_envs:reward")("x", "y") == 1.0
-    with pytest.raises(ConfigError, match="'env.reward_fn' = 'my_envs:NUMBER' is a int"):
-        load_reward("my_envs:NUMBER")
-    with pytest.raises(ConfigError, match="form 'package.module:Name'"):
-        load_reward("my_envs.reward")
+    """Rewards and environments load through the same function: the same four messages."""
+    key = "env.options.reward_fn"
+    assert load_reward_fn("my_envs:reward", key)("x", "y") == 1.0
+    with pytest.raises(ConfigError, match=f"'{key}' = 'my_envs:NUMBER': the object is a int, "
+                                          r"not a callable fn\(response_text, answer\)"):
+        load_reward_fn("my_envs:NUMBER", key)
+    with pytest.raises(ConfigError, match=f"'{key}' = 'my_envs.reward' is not a dotted path "
+                                          "of the form 'package.module:Name'"):
+        load_reward_fn("my_envs.reward", key)
+    with pytest.raises(ConfigError, match=f"'{key}' = 'my_envs:rewrad': module 'my_envs' has "
+                                          "no attribute 'rewrad'"):
+        load_reward_fn("my_envs:rewrad", key)
+    with pytest.raises(ConfigError, match=f"'{key}' = 'no_such_pkg:f': module 'no_such_pkg' "
+                                          r"cannot be imported \(ModuleNotFoundError"):
+        load_reward_fn("no_such_pkg:f", key)

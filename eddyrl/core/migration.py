@@ -1,0 +1,204 @@
+"""Moving running requests between rollout workers: the half of `StreamingRollout` that follows
+the orchestrator's book of which worker hosts which version.
+
+- `published`: new weights reached the workers; requests queued for a superseded version are
+  relabelled (with partial rollout, every request goes on with the new weights).
+- `rebalance` (DORA): the orchestrator's plan consolidates a legacy version onto its share of
+  workers and evacuates workers lent to training; a running request is aborted on its source
+  and resumed on the target from its partial output, an episode between turns just takes its
+  next turn there (no abort).
+- `route` (Libra): at a length milestone the bucket router may move a request to a worker of
+  another bucket that can run its version now: the same abort/resume.
+- `_restart`: the last resort when a request's version is gone from every worker (an engine
+  refused it, or an episode's next turn found no host): C1 forbids finishing it on other
+  weights, so it is regenerated from scratch on the latest version.
+
+Aborts and resumes of one moment are sent as one call per worker (`_flush`). A mixin: the
+state (requests, counters, queues) is `StreamingRollout`'s; `_launch_all`, `_request`,
+`_track` and `_fail` are its request plumbing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ..engines.inference.base import GenerationRequest, GenerationResult
+from .orchestrator import VersionOrchestrator
+
+if TYPE_CHECKING:
+    from ..scheduler.buckets import BucketRouter
+    from .episodes import Episodes
+    from .rollout import _Request
+
+
+class RolloutMigration:
+    runtime: Any
+    orchestrator: VersionOrchestrator
+    router: BucketRouter | None
+    episodes: Episodes | None
+    partial_rollout: bool
+    migrate: bool
+    _requests: dict[str, _Request]
+    _resume: dict[int, list[GenerationRequest]]
+    _abort: dict[int, list[str]]
+    _flush_scheduled: bool
+    migrated: int
+    restarted: int
+    routed: int
+
+    # -- versions ------------------------------------------------------------------------------
+
+    def published(self, version: int, hosted: list[int]) -> None:
+        """New weights reached every worker; `hosted` is what each one now generates with.
+        Requests still queued for an older staged version will start on this one (the engine
+        applies the newest staged weights); their group keeps its dispatch version for the
+        window, which only makes the staleness bound more conservative."""
+        self.orchestrator.published(version, hosted)
+        if self.partial_rollout:  # running requests go on with the new weights
+            self.orchestrator.adopt_latest()
+        for request in self._requests.values():
+            if self.partial_rollout or hosted[request.worker] < request.version < version:
+                request.version = version
+
+    async def rebalance(self, new_requests: int) -> int:
+        """DORA's reassignment after a train step: consolidate legacy versions onto their share
+        of workers by aborting requests on evacuated workers and resuming them (same version)
+        on the hosts that keep it; workers lent to training are evacuated the same way.
+        Returns the requests set moving."""
+        if self.partial_rollout:
+            return 0  # every worker already runs the latest weights: lent ones just drain
+        moving = 0
+        self.orchestrator.observed_kv([s.kv_cache_usage for s in
+                                       await self.runtime.worker_stats()])
+        for move in self.orchestrator.plan(new_requests):
+            if not self.migrate and self.orchestrator.available[move.source]:
+                continue  # consolidation off; evacuating a lent worker is still needed
+            ids = [rid for rid, r in self._requests.items()
+                   if r.worker == move.source and r.version == move.version
+                   and r.moving_to is None][:move.count]
+            running = []
+            for rid in ids:
+                request = self._requests[rid]
+                if request.episode is not None and request.episode.stepping:
+                    self._move_between_turns(request, move.target)
+                else:
+                    running.append(rid)
+                if self.router is not None:
+                    self.router.relocate(rid, move.target)
+            moving += len(ids)
+            if running:
+                self.orchestrator.moved(move.source, move.target, move.version, len(running))
+                for rid in running:
+                    self._requests[rid].moving_to = move.target
+                await self.runtime.abort(move.source, running)
+        return moving
+
+    def _move_between_turns(self, request: _Request, target: int) -> None:
+        """An episode whose engine is not running it (between turns, or about to resume)
+        takes its next turn on `target`, which hosts its version: nothing to abort."""
+        self.orchestrator.moved(request.worker, target, request.version,
+                                between_turns=request.episode.stepping)
+        request.worker = target
+        self.migrated += 1
+
+    # -- elastic pool --------------------------------------------------------------------------
+
+    async def lend(self, worker: int) -> int:
+        """Stop giving `worker` work and move its running requests elsewhere where another
+        worker hosts their version; returns the requests still running on it (they finish
+        there: `running_on` says when it is empty)."""
+        self.orchestrator.set_available(worker, False)
+        await self.rebalance(0)
+        return self.running_on(worker)
+
+    def running_on(self, worker: int) -> int:
+        return sum(self.orchestrator.pending[worker].values())
+
+    def take_back(self, worker: int, hosted_version: int) -> None:
+        """`worker` is a rollout worker again, hosting `hosted_version`."""
+        self.orchestrator.hosted[worker] = hosted_version
+        self.orchestrator.set_available(worker, True)
+
+    # -- restarts and routed moves -------------------------------------------------------------
+
+    def _restart(self, request: _Request, request_id: str, reason: str) -> None:
+        """The request's version is gone (`reason`: "refused", its worker's engine no longer
+        had the weights, the book being behind it; "version_retired", no worker hosted it any
+        more when an episode's next turn came). C1 forbids finishing it on other weights, so it
+        is regenerated from scratch on the latest version: one version per trajectory, no
+        sample lost. Its group keeps its dispatch version in the window, which only makes the
+        staleness bound conservative."""
+        self.orchestrator.finished(request.worker, request.version)
+        request.version = self.orchestrator.latest
+        if request.episode is not None:  # an episode restarts too, in a fresh environment
+            self._track(self.episodes.close(request.episode))
+            request.episode = self.episodes.restart(request.episode, reason)
+        if self.router is not None:  # from scratch: a new path, from the smallest bucket
+            self.router.cancel(request_id)
+            request.worker = self.router.start(request_id, request.group.prompt,
+                                               self.orchestrator.eligible(request.version)
+                                               ).instance
+        else:
+            request.worker = self.orchestrator.pick(request.version)
+        self.orchestrator.dispatched(request.worker, request.version)
+        self.restarted += 1
+        self._launch_all({request.worker: [self._request(
+            request_id, request.group.prompt_ids, request.sampling, request.version,
+            request.priority)]})
+
+    def _route(self, request_id: str, request: _Request, progress: GenerationResult) -> None:
+        """A length milestone: ask the router whether the request belongs in another bucket
+        now, and move it there (abort, resume on the target) if so. The target must be able
+        to run the request's version at once (C1)."""
+        if self.router is None or request.moving_to is not None:
+            return  # already on its way somewhere
+        allowed = self._allowed_targets(request)
+        if not allowed:
+            return
+        move = self.router.on_progress(request_id, len(progress.token_ids), allowed)
+        if move is None:
+            return
+        self.orchestrator.moved(move.source.instance, move.target.instance, request.version)
+        request.moving_to = move.target.instance
+        self.routed += 1
+        self._abort.setdefault(move.source.instance, []).append(request_id)
+        self._schedule_flush()
+
+    def _allowed_targets(self, request: _Request) -> list[int]:
+        """Workers the router may move the request to: those that can run its version now."""
+        if self.partial_rollout:
+            return [w for w in range(self.orchestrator.num_workers)
+                    if self.orchestrator.available[w]]
+        return self.orchestrator.hosts_now(request.version)
+
+    # -- resumes and aborts, batched per worker ------------------------------------------------
+
+    def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
+        """Continue the request on its worker from `partial`'s tokens (a migration's abort, or
+        an episode's transcript), batched per worker with the others of this moment."""
+        self._resume.setdefault(request.worker, []).append(self._request(
+            partial.request_id, partial.prompt_ids, request.sampling, request.version,
+            request.priority, partial))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            # Results of one decode step arrive together: abort and resume them as one call
+            # per worker.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        resume, self._resume = self._resume, {}
+        aborts, self._abort = self._abort, {}
+        self._launch_all(resume)
+        for worker, ids in aborts.items():
+            self._track(self._abort_on(worker, ids))
+
+    async def _abort_on(self, worker: int, request_ids: list[str]) -> None:
+        try:
+            await self.runtime.abort(worker, request_ids)
+        except BaseException as exc:  # surfaced to whoever waits next
+            self._fail(exc)

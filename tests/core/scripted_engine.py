@@ -1,0 +1,98 @@
+"""A scripted inference engine for deterministic rollout tests: the `hf` engine's version
+contract without a model, stepping on the event loop only (no threads, no clock).
+
+- A request of the hosted version joins at once; of a newer version it waits for the running
+  requests to drain, then the staged weights are applied; of an older one it is refused.
+- `load_weights` stages; an idle engine (or one with partial rollout) applies at once.
+- Every turn is `turn_tokens` tokens: `token` repeated, then `STOP` ("stop"); each carries
+  log-prob -1 and the version that produced it. `max_new_tokens` counts resumed tokens.
+- `holds[group_id]`: while that asyncio.Event is clear, the group's requests make no progress
+  (nor do the others of their generate call): a busy engine, for as long as a test wants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from eddyrl.engines.inference.base import EngineStats, GenerationResult
+
+STOP = 2
+
+
+class ScriptedEngine:
+    def __init__(self, token: int, *, turn_tokens: int = 3, partial_rollout: bool = False):
+        self.token = token
+        self.turn_tokens = turn_tokens
+        self.partial_rollout = partial_rollout
+        self.version = 0
+        self.holds: dict[str, asyncio.Event] = {}
+        self.started: list[tuple[str, int]] = []  # (request id, version) per request run
+        self._staged: int | None = None
+        self._running = 0
+        self._tokens = 0
+        self._aborted: set[str] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    async def generate(self, requests):
+        need = None if self.partial_rollout else requests[0].version
+        if need is not None and need < self.version:
+            for r in requests:
+                yield GenerationResult(r.request_id, list(r.prompt_ids), list(r.resume_ids),
+                                       list(r.resume_logprobs), list(r.resume_versions),
+                                       "refused")
+            return
+        while need is not None and need > self.version:
+            assert self._staged is not None and self._staged >= need, "no such weights"
+            await self._drained.wait()
+            if self._running == 0:
+                self._apply()
+        rows = [(r, list(r.resume_ids), list(r.resume_logprobs), list(r.resume_versions))
+                for r in requests]
+        self.started += [(r.request_id, self.version) for r in requests]
+        self._running += len(rows)
+        self._drained.clear()
+        try:
+            while rows:
+                await asyncio.sleep(0)
+                for row in list(rows):
+                    request, tokens, logprobs, versions = row
+                    hold = self.holds.get(request.request_id.rsplit("-", 1)[0])
+                    if hold is not None:
+                        await hold.wait()
+                    if request.request_id in self._aborted:
+                        self._aborted.discard(request.request_id)
+                        reason = "abort"
+                    else:
+                        new = len(tokens) - len(request.resume_ids) + 1
+                        tokens.append(STOP if new == self.turn_tokens else self.token)
+                        logprobs.append(-1.0)
+                        versions.append(self.version)
+                        self._tokens += 1
+                        reason = "stop" if tokens[-1] == STOP else \
+                            "length" if len(tokens) >= request.sampling.max_new_tokens else None
+                    if reason is not None:
+                        rows.remove(row)
+                        self._running -= 1
+                        yield GenerationResult(request.request_id, list(request.prompt_ids),
+                                               tokens, logprobs, versions, reason)
+        finally:
+            self._running -= len(rows)
+            if self._running == 0:
+                self._drained.set()
+
+    async def abort(self, request_ids):
+        self._aborted.update(request_ids)
+
+    async def load_weights(self, version, buckets=()):
+        self._staged = version
+        if self._running == 0 or self.partial_rollout:
+            self._apply()
+
+    def _apply(self):
+        self.version, self._staged = self._staged, None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self._running, waiting=0, version=self.version,
+                           tokens_generated=self._tokens, busy_seconds=0.0,
+                           staged_version=self._staged)
