@@ -154,9 +154,10 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
                    on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True),
                    timelines=timelines)
     print("# steady steps (all but the first, which fills the pipeline); speedup: trained "
-          "samples/s against sync's", flush=True)
-    columns = ["step_s", "tokens_per_s", "samples_per_s", "speedup", "rollout_idle",
-               "train_idle",
+          "samples/s against the faster synchronous baseline run (sync or colocated); "
+          "device_idle: over all the cluster's devices", flush=True)
+    columns = ["step_s", "tokens_per_s", "samples_per_s", "speedup", "devices", "device_idle",
+               "rollout_idle", "train_idle",
                "staleness_mean", "staleness_max", "replay_fraction", "migrated",
                "cpu_per_step_s", "cpu_fraction"]
     print("| policy | " + " | ".join(columns) + " |")

@@ -254,5 +254,10 @@ class Platform:
             return {}
         return {"resources": {self.ray_resource: fraction}}
 
+    def ray_bundle(self, devices: int = 1) -> dict[str, float]:
+        """The device part of a Ray placement-group bundle holding `devices` whole devices
+        (actors then share them by asking for fractions inside the bundle)."""
+        return {self.ray_resource: float(devices)} if self.ray_resource else {}
+
     def __repr__(self) -> str:
         return f"<Platform {self.name} ({self.device_type})>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import check_range
+from ..validation import check_choice, check_range
 
 
 @dataclass(kw_only=True, slots=True)
@@ -14,9 +14,16 @@ class ClusterConfig:
     num_cpus: int | None = None  # CPUs Ray may use when it starts locally (None: all)
     threads_per_worker: int = 0  # host threads per worker process (0: all cores)
     timeout_s: float = 600.0  # longest wait for any worker call or collective before an error
+    # split: rollout workers and trainer ranks on their own devices (what asynchronous
+    # training needs: both roles busy at once). colocated: rollout worker i and trainer rank i
+    # share one device and take turns (verl's hybrid engine): the engine sleeps while the
+    # trainer trains, the trainer's state waits in host memory while the engine generates.
+    # Synchronous only; it lets one device run `eddy train`.
+    placement: str = "split"
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:
             check_range(f"{prefix}.num_cpus", self.num_cpus, 1)
         check_range(f"{prefix}.threads_per_worker", self.threads_per_worker, 0)
         check_range(f"{prefix}.timeout_s", self.timeout_s, 0, lo_open=True)
+        check_choice(f"{prefix}.placement", self.placement, ["split", "colocated"])

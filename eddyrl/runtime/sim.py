@@ -27,93 +27,40 @@ from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
 from ..scheduler.buckets import worker_batch_size
 from ..scheduler.cost_model import CostModel
 from ..tasks import workload as synthetic
+from .sim_timeline import Timeline
 from .virtual_clock import run_virtual
 
 
-class Timeline:
-    """Busy intervals of every simulated worker, written as a Chrome / Perfetto trace (open it
-    at ui.perfetto.dev): one process per role, one thread per worker; gaps are idle time."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Devices:
+    """Where the simulated roles run: each rollout instance's devices, the trainer's, and
+    whether the two share them (colocated: they take turns, paying `switch_s` each way)."""
 
-    ROLES = {"rollout": 1, "train": 2}
+    instance_tps: tuple[int, ...]
+    train: int
+    colocated: bool = False
+    # colocated: seconds a device spends handing itself over (to training: the engine's weights
+    # to host memory, the trainer's state back; to rollout: the reverse)
+    switch_s: float = 0.0
 
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def recorder(self, role: str, worker: int) -> Callable[[str, float, float, dict], None]:
-        def record(name: str, start: float, seconds: float, args: dict) -> None:
-            self.events.append({"name": name, "ph": "X", "pid": self.ROLES[role],
-                                "tid": worker, "ts": start * 1e6, "dur": seconds * 1e6,
-                                "args": args})
-        return record
-
-    # what each span is, for the timeline plot: generating, training, moving between roles
-    KINDS = {"prefill": "generate", "decode": "generate", "train": "train",
-             "weight sync": "weight sync", "replica": "lent to training",
-             "join": "changing role", "leave": "changing role"}
-    COLORS = {"generate": "tab:blue", "train": "tab:green", "weight sync": "tab:orange",
-              "lent to training": "tab:olive", "changing role": "tab:red"}
-
-    def plot(self, path: str, title: str) -> None:
-        """A PNG of every worker's activity over simulated time (the trainer on top, then each
-        rollout instance), gaps being idle time; needs matplotlib (the `plots` extra)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        tracks = sorted({(e["pid"], e["tid"]) for e in self.events}, reverse=True)
-        rows = {track: i for i, track in enumerate(tracks)}
-        spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        for event in self.events:
-            kind = self.KINDS.get(event["name"], event["name"])
-            spans.setdefault((kind, rows[(event["pid"], event["tid"])]), []).append(
-                (event["ts"] / 60e6, event["dur"] / 60e6))
-        fig, axis = plt.subplots(figsize=(12, 0.3 * len(tracks) + 1.5))
-        labelled = set()
-        for (kind, row), bars in spans.items():
-            axis.broken_barh(_merged(bars), (row - 0.4, 0.8),
-                             color=self.COLORS.get(kind, "tab:gray"),
-                             label=None if kind in labelled else kind)
-            labelled.add(kind)
-        roles = {pid: role for role, pid in self.ROLES.items()}
-        axis.set_yticks(range(len(tracks)), [f"{roles[pid]} {tid}" for pid, tid in tracks])
-        axis.set_xlabel("simulated minutes")
-        axis.legend(loc="upper right", fontsize="small")
-        axis.set_title(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-
-    def write(self, path: str) -> None:
-        import json
-
-        names = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": role}}
-                 for role, pid in self.ROLES.items()]
-        with open(path, "w") as f:
-            json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms"}, f)
-
-
-def _merged(bars: list[tuple[float, float]], gap: float = 1e-3) -> list[tuple[float, float]]:
-    """Back-to-back (start, width) spans joined, so a plot draws thousands of decode runs as a
-    few bars."""
-    merged: list[list[float]] = []
-    for start, width in sorted(bars):
-        if merged and start <= merged[-1][0] + merged[-1][1] + gap:
-            merged[-1][1] = max(merged[-1][1], start + width - merged[-1][0])
-        else:
-            merged.append([start, width])
-    return [(start, width) for start, width in merged]
+    @property
+    def total(self) -> int:
+        return self.train if self.colocated else self.train + sum(self.instance_tps)
 
 
 class SimRuntime:
     def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
                  weight_sync_s: float, timeline: Timeline | None = None, *,
-                 move_s: float = 0.0, replica_groups: float = 1.0) -> None:
+                 move_s: float = 0.0, replica_groups: float = 1.0,
+                 devices: Devices | None = None) -> None:
         """`move_s`: a worker's cold start when it changes role; `replica_groups`: data-parallel
-        groups a rollout worker adds to training when it joins (its devices / the trainer's tp)."""
+        groups a rollout worker adds to training when it joins (its devices / the trainer's tp);
+        `devices`: the layout, for device-level idle time and colocated turn-taking (default:
+        split, one device per instance and per trainer group)."""
         self.workers = engines
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
+        self.devices = devices or Devices((1,) * len(engines), trainer.dp)
         self._trace_train = timeline.recorder("train", 0) if timeline is not None else None
         self._trace_roles = [timeline.recorder("rollout", i) for i in range(len(engines))] \
             if timeline is not None else None
@@ -123,8 +70,10 @@ class SimRuntime:
         self.replicas: dict[int, int] = {}  # joined worker -> its weights' version (-1: none)
         self.train_busy_s = 0.0
         self.sync_busy_s = 0.0
-        # (time, rollout busy s, train busy s) at the end of every step: idle over any span
-        self.marks: list[tuple[float, float, float]] = []
+        self.switch_busy_s = 0.0
+        # (time, rollout busy s, train busy s, busy device-seconds) at the end of every step:
+        # idle over any span
+        self.marks: list[tuple[float, float, float, float]] = []
 
     def _record(self, name: str, seconds: float, args: dict) -> None:
         if self._trace_train is not None:
@@ -152,6 +101,8 @@ class SimRuntime:
 
     async def train(self, batch: SimBatch, replicas: list[int] | None = None
                     ) -> dict[str, float]:
+        if self.devices.colocated:
+            await self._hand_devices_to("train")
         seconds = self.trainer.step_seconds(
             batch, extra_dp=len(replicas or []) * self.replica_groups)
         self.train_busy_s += seconds
@@ -162,6 +113,8 @@ class SimRuntime:
     async def sync_weights(self, version: int) -> list[int]:
         """One broadcast to every instance at once (each receives its shards over its own
         link), then each stages or applies the new version."""
+        if self.devices.colocated:
+            await self._hand_devices_to("rollout")
         self.sync_busy_s += self.weight_sync_s
         self._record("weight sync", self.weight_sync_s, {"version": version})
         await asyncio.sleep(self.weight_sync_s)
@@ -171,15 +124,43 @@ class SimRuntime:
             else:
                 await engine.load_weights(version)
         self.marks.append((self.now(), sum(e.stats().busy_seconds for e in self.workers),
-                           self.train_busy_s))
+                           self.train_busy_s, self.device_busy_s()))
         return [engine.version for engine in self.workers]
 
-    def idle_between(self, first: int, last: int) -> tuple[float, float]:
-        """(rollout, train) idle fractions from the end of step `first` to the end of step
-        `last` (1-based)."""
-        (t0, r0, w0), (t1, r1, w1) = self.marks[first - 1], self.marks[last - 1]
+    async def _hand_devices_to(self, role: str) -> None:
+        """Colocated turn-taking: to train, every engine finishes its work and sleeps (KV cache
+        freed, weights to host) while the trainer's state comes back; to rollout, the reverse
+        (the engines wake before the weight sync reaches them)."""
+        if role == "train":
+            for engine in self.workers:
+                await engine.wait_idle()
+            for engine in self.workers:
+                await engine.sleep()
+        self.switch_busy_s += self.devices.switch_s
+        self._record(f"switch to {role}", self.devices.switch_s, {})
+        await asyncio.sleep(self.devices.switch_s)
+        if role == "rollout":
+            for engine in self.workers:
+                await engine.wake()
+
+    def device_busy_s(self) -> float:
+        """Device-seconds spent on work so far: generating (each instance's busy time times its
+        devices), training, weight sync and role switches (every device of the roles they
+        occupy)."""
+        rollout = sum(e.stats().busy_seconds * tp
+                      for e, tp in zip(self.workers, self.devices.instance_tps))
+        # the sync holds the trainer's devices (split rollout instances may go on generating)
+        return (rollout + self.train_busy_s * self.devices.train
+                + self.sync_busy_s * self.devices.train
+                + self.switch_busy_s * self.devices.total)
+
+    def idle_between(self, first: int, last: int) -> tuple[float, float, float]:
+        """(rollout, train, device) idle fractions from the end of step `first` to the end of
+        step `last` (1-based); device idle is over every device of the cluster."""
+        (t0, r0, w0, d0), (t1, r1, w1, d1) = self.marks[first - 1], self.marks[last - 1]
         span = max(t1 - t0, 1e-12)
-        return 1 - (r1 - r0) / (span * len(self.workers)), 1 - (w1 - w0) / span
+        return (1 - (r1 - r0) / (span * len(self.workers)), 1 - (w1 - w0) / span,
+                1 - (d1 - d0) / (span * self.devices.total))
 
     async def worker_stats(self) -> list[Any]:
         return [engine.stats() for engine in self.workers]
@@ -215,14 +196,44 @@ class SimRuntime:
         return [engine.version for engine in self.workers]
 
 
+# Mixed-precision Adam keeps, per parameter, bf16 weights and gradients (2 + 2 bytes) and fp32
+# master weights and two moments (4 + 4 + 4): what a colocated trainer parks in host memory.
+TRAIN_STATE_BYTES_PER_PARAM = 16
+
+
+def check_colocated(config: EddyConfig) -> None:
+    """Colocated roles share devices: the scenario gives both roles the same ones."""
+    sim = config.sim
+    if config.cluster.placement != "colocated":
+        return
+    if (sim.rollout.devices, sim.rollout.accelerator) != (sim.train.devices,
+                                                          sim.train.accelerator):
+        raise ConfigError(
+            "cluster.placement = colocated shares devices between the roles, but "
+            f"sim.rollout has {sim.rollout.devices} x {sim.rollout.accelerator} and sim.train "
+            f"{sim.train.devices} x {sim.train.accelerator}; give both the same devices")
+
+
+def switch_seconds(config: EddyConfig, rollout_cost: CostModel) -> float:
+    """A colocated device handing itself from one role to the other, over its host link: the
+    engine's weight shard one way, the trainer's sharded state (weights, gradients, optimizer)
+    the other. The freed KV cache costs nothing to drop; re-allocating it is not modelled."""
+    sim = config.sim
+    engine_shard = rollout_cost.weights_bytes / sim.rollout.tp
+    train_state = rollout_cost.model.total_params * TRAIN_STATE_BYTES_PER_PARAM / \
+        sim.train.devices
+    return (engine_shard + train_state) / sim.host_link_bandwidth
+
+
 def weight_sync_seconds(config: EddyConfig, rollout_cost: CostModel,
                         train_cost: CostModel) -> float:
     """Trainer -> rollout: each rollout device receives its tp shard. Over the NIC or NVLink
-    at the slower end's bandwidth; through host memory (different vendors) it is copied
-    device -> host -> device, two hops over PCIe."""
+    at the slower end's bandwidth; through host memory (different vendors, or colocated roles
+    on one device, which a collective cannot connect to itself) it is copied device -> host ->
+    device, two hops over PCIe."""
     sim = config.sim
     shard = rollout_cost.weights_bytes / sim.rollout.tp
-    if sim.weight_link == "host":
+    if sim.weight_link == "host" or config.cluster.placement == "colocated":
         return 2 * rollout_cost.weight_sync_seconds(shard, sim.host_link_bandwidth)
     pick = (lambda a: a.inter_node_bandwidth) if sim.weight_link == "inter_node" else \
         (lambda a: a.intra_node_bandwidth)
@@ -252,6 +263,7 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
           timeline: Timeline | None = None) -> tuple[Controller, SimRuntime]:
     """The controller and runtime of a simulated run of `config`."""
     sim = config.sim
+    check_colocated(config)
     tps = instance_tps(config)
     config = dataclasses.replace(config, rollout=dataclasses.replace(
         config.rollout, num_workers=len(tps), max_batch_size=sim.rollout.max_batch_size,
@@ -277,8 +289,12 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
         rollout_cost.weights_bytes / sim.rollout.tp, rollout_cost.accelerator.intra_node_bandwidth)
     # one broadcast; the instances with the narrowest tp receive the largest shards
     sync_s = weight_sync_seconds(config, costs[min(tps)], train_cost)
+    colocated = config.cluster.placement == "colocated"
+    devices = Devices(tuple(tps), sim.train.devices, colocated,
+                      switch_seconds(config, rollout_cost) if colocated else 0.0)
     runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups), sync_s, timeline,
-                         move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp)
+                         move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp,
+                         devices=devices)
     rollout = config.rollout
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
@@ -316,12 +332,15 @@ def simulate(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda 
                       f"{runtime.trainer.dp} trainer groups")
     # steady state: from the end of the first step (the pipeline is full) to the last one's
     steady = runtime.idle_between(1, len(runtime.marks)) if len(runtime.marks) > 1 else \
-        (None, None)
+        (None, None, None)
     return {**summary, "simulated_s": virtual_s, "wall_s": wall_s, "cpu_s": cpu_s,
             "rollout_instances": instances, "train_groups": runtime.trainer.dp,
             "rollout_idle": 1 - rollout_busy / max(virtual_s * instances, 1e-12),
             "train_idle": 1 - runtime.train_busy_s / max(virtual_s, 1e-12),
             "rollout_idle_steady": steady[0], "train_idle_steady": steady[1],
+            "device_idle_steady": steady[2], "devices": runtime.devices.total,
+            "device_idle": 1 - runtime.device_busy_s() / max(
+                virtual_s * runtime.devices.total, 1e-12),
             "preemptions": sum(engine.preemptions for engine in runtime.workers),
             "tool_calls": sum(engine.tool_calls for engine in runtime.workers),
             "tool_failures": sum(engine.tool_failures for engine in runtime.workers),

@@ -55,6 +55,47 @@ def test_one_batch_in_flight_overlaps_generation_with_training():
     assert steps[1]["step_s"] < 0.9 * (rollout + train + sync)  # it does overlap
 
 
+def test_a_colocated_step_takes_turns_and_pays_the_hand_overs():
+    """One device holding both roles: generation, a hand-over to training (engine weights out,
+    trainer state in, over the host link), training, the hand-over back, and a weight sync
+    through host memory (a device cannot broadcast to itself), all in sequence."""
+    summary = simulate(load_config(overrides=[*BY_HAND, "loop.steps=2",
+                                              "cluster.placement=colocated"]))
+    rollout, train, _ = _by_hand()
+    cost = CostModel("H100", "Qwen3-4B")
+    host = 25e9  # sim.host_link_bandwidth's default
+    switch = (cost.weights_bytes + cost.model.total_params * 16) / host
+    sync = 2 * cost.weight_sync_seconds(cost.weights_bytes, host)
+    for step in summary["history"][1:]:
+        assert step["rollout_s"] == pytest.approx(rollout, rel=0.01)
+        assert step["train_s"] == pytest.approx(switch + train, rel=0.01)
+        assert step["sync_s"] == pytest.approx(switch + sync, rel=0.01)
+    assert summary["devices"] == 1
+    # the one device idles only while the reward is scored (instantaneous here): never
+    assert summary["device_idle_steady"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_colocated_roles_need_the_same_devices():
+    from eddyrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sim.rollout has 1 x H100 and sim.train 2 x H100"):
+        build(load_config(overrides=[*BY_HAND, "sim.train.devices=2",
+                                     "cluster.placement=colocated"]))
+
+
+def test_the_colocated_policy_gives_each_role_every_device():
+    from eddyrl.runtime.sim_policies import policy_config
+
+    split = policy_config(None, [*SMALL, "sim.rollout.devices=4", "sim.train.devices=2"], "sync")
+    shared = policy_config(None, [*SMALL, "sim.rollout.devices=4", "sim.train.devices=2"],
+                           "colocated")
+    assert (split.cluster.placement, split.sim.rollout.devices, split.sim.train.devices) == \
+        ("split", 4, 2)
+    assert (shared.cluster.placement, shared.sim.rollout.devices, shared.sim.train.devices) == \
+        ("colocated", 6, 6)
+    assert shared.algorithm.max_staleness == 0
+
+
 @pytest.mark.parametrize("inflight", [0, 24])
 def test_streaming_refill_keeps_c3_and_the_ledger(inflight):
     """Groups dispatched as others finish (DORA's top-up to its rollout batch size): never

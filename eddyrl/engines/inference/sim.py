@@ -44,36 +44,14 @@ import bisect
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Sequence
 
 from ...scheduler.cost_model import CostModel
 from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
-from .runs import Runs
+from .sim_sequence import SimSequence, ToolWaits, default_kv_capacity
 
 if TYPE_CHECKING:
     from ...tasks.workload import ToolCall
-
-
-@dataclass(eq=False, slots=True)
-class _Seq:
-    request: GenerationRequest
-    out: asyncio.Queue
-    target: int  # output tokens (resumed and observations included) at which it ends
-    token: int  # the id every output token carries
-    tokens: int  # output so far, while not running (running: engine step - offset)
-    rank: tuple[int, int]  # (priority, arrival): admitted lowest first, preempted highest first
-    order: int = 0  # the running sequence's key (admission order)
-    offset: int = 0
-    # (version, token index it started at) for the tokens generated here: one entry unless
-    # partial rollout changed the weights under it
-    segments: list[tuple[int, int]] = field(default_factory=list)
-    hosted: int | None = None  # version it holds while off the batch (None: not started)
-    calls: Sequence[ToolCall] = ()  # its episode's tool calls
-    next_call: int = 0  # index in calls of the next one it makes
-    observed: int = 0  # observation tokens in its output (of the calls before next_call)
-    cached: int = 0  # KV tokens it keeps while not running (after a tool call)
-    carried: int = 0  # KV tokens brought by a migration, still to transfer at admission
 
 
 class SimInferenceEngine(InferenceEngine):
@@ -101,12 +79,13 @@ class SimInferenceEngine(InferenceEngine):
         self.carry_kv = carry_kv
         self._version = version
         self._staged: int | None = None
-        self._waiting: list[_Seq] = []  # by rank: priority, then arrival
-        self._running: dict[int, _Seq] = {}
-        self._finishes: list[tuple[int, int, _Seq]] = []  # (engine step it ends at, id, seq)
-        self._reports: list[tuple[int, int, _Seq]] = []  # (engine step it reports at, id, seq)
-        self._calls: list[tuple[int, int, _Seq]] = []  # (engine step it calls a tool at, id, seq)
-        self._tools: dict[_Seq, asyncio.TimerHandle] = {}  # waiting for a tool: its answer
+        self._waiting: list[SimSequence] = []  # by rank: priority, then arrival
+        self._running: dict[int, SimSequence] = {}
+        # heaps of (engine step, id, sequence): when each ends, reports, calls a tool
+        self._finishes: list[tuple[int, int, SimSequence]] = []
+        self._reports: list[tuple[int, int, SimSequence]] = []
+        self._calls: list[tuple[int, int, SimSequence]] = []
+        self._tools = ToolWaits(self._tool_answered)  # waiting for a tool's answer
         self._held_kv = 0  # KV tokens of sequences that are not running (sum of their cached)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -119,13 +98,23 @@ class SimInferenceEngine(InferenceEngine):
         self._busy = 0.0
         self._sleeping = False
         self.preemptions = 0  # running sequences preempted, and idle ones' caches dropped
-        self.tool_calls = 0
-        self.tool_failures = 0
-        self.tool_wait_s = 0.0  # sum of the time sequences waited for tools
 
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def tool_calls(self) -> int:
+        return self._tools.calls
+
+    @property
+    def tool_failures(self) -> int:
+        return self._tools.failures
+
+    @property
+    def tool_wait_s(self) -> float:
+        """Sum of the time sequences waited for tools."""
+        return self._tools.wait_s
 
     # ---- the contract ---------------------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]
@@ -147,7 +136,7 @@ class SimInferenceEngine(InferenceEngine):
                 raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = "
                                  f"{longest} tokens exceed the KV cache's "
                                  f"{self.kv_capacity_tokens}")
-            seq = _Seq(request, out, target, int(self.correct_of(request)), resumed,
+            seq = SimSequence(request, out, target, int(self.correct_of(request)), resumed,
                        (request.priority, next(self._arrivals)), calls=calls)
             if self.carry_kv and resumed:
                 seq.cached = seq.carried = self._context(seq)  # its cache comes with it
@@ -216,8 +205,7 @@ class SimInferenceEngine(InferenceEngine):
                 elif self._waiting and not self._interrupt.is_set():
                     await self._interrupt.wait()  # e.g. waiting for weights that are not here
         except BaseException as exc:
-            for handle in self._tools.values():
-                handle.cancel()
+            self._tools.cancel_all()
             for seq in [*self._running.values(), *self._waiting, *self._tools]:
                 seq.out.put_nowait(exc)
             raise
@@ -262,7 +250,7 @@ class SimInferenceEngine(InferenceEngine):
                            {"running": len(self._running), "version": self._version})
             await asyncio.sleep(prefill)
 
-    def _start(self, seq: _Seq) -> None:
+    def _start(self, seq: SimSequence) -> None:
         sid = next(self._ids)
         seq.order = sid
         seq.offset = self._step - seq.tokens
@@ -324,7 +312,7 @@ class SimInferenceEngine(InferenceEngine):
             _, sid, seq = heapq.heappop(self._finishes)
             if self._running.get(sid) is seq:
                 self._stop(sid)
-                self._finish(seq, self._end_reason(seq))
+                self._finish(seq, seq.end_reason)
 
     def _settle_aborts(self) -> None:
         if not self._aborted:
@@ -337,9 +325,7 @@ class SimInferenceEngine(InferenceEngine):
             self._waiting.remove(seq)
             self._finish(seq, "abort")
         for seq in [s for s in self._tools if s.request.request_id in self._aborted]:
-            handle = self._tools.pop(seq)
-            handle.cancel()
-            self.tool_wait_s -= handle.when() - asyncio.get_running_loop().time()  # not waited
+            self._tools.cancel(seq)
             self._finish(seq, "abort")
         self._aborted.clear()
 
@@ -367,16 +353,16 @@ class SimInferenceEngine(InferenceEngine):
             self._drop_cache(max(below, key=lambda s: s.rank))
         return True
 
-    def _idle_holders(self) -> list[_Seq]:
+    def _idle_holders(self) -> list[SimSequence]:
         return [seq for seq in [*self._tools, *self._waiting] if seq.cached]
 
-    def _drop_cache(self, seq: _Seq) -> None:
+    def _drop_cache(self, seq: SimSequence) -> None:
         self._held_kv -= seq.cached
         seq.cached = seq.carried = 0  # a migrated cache not yet landed is recomputed instead
         self.preemptions += 1
 
     # ---- tools ------------------------------------------------------------------------------
-    def _arrive(self, seq: _Seq) -> None:
+    def _arrive(self, seq: SimSequence) -> None:
         """Queue a new sequence; a resumed one skips the calls it has passed, and one that
         stopped while its tool ran calls it again."""
         while seq.next_call < len(seq.calls) and self._call_step(seq) < seq.tokens:
@@ -389,26 +375,19 @@ class SimInferenceEngine(InferenceEngine):
         seq.segments.append((versions[-1] if versions else self._version, seq.tokens))
         self._call_tool(seq)
 
-    def _call_step(self, seq: _Seq) -> int:
+    def _call_step(self, seq: SimSequence) -> int:
         """Output tokens at which it makes its next call (past the target if none is left)."""
         if seq.next_call >= len(seq.calls):
             return seq.target
         return seq.calls[seq.next_call].at + seq.observed
 
-    def _call_tool(self, seq: _Seq) -> None:
+    def _call_tool(self, seq: SimSequence) -> None:
         """It waits for the call's answer off the batch (keeping the KV cache and the version
         the caller set)."""
-        call = seq.calls[seq.next_call]
-        seq.next_call += 1
-        self.tool_calls += 1
-        self.tool_failures += call.failed
-        self.tool_wait_s += call.latency_s
-        self._tools[seq] = asyncio.get_running_loop().call_later(
-            call.latency_s, self._tool_answered, seq, call.payload_tokens)
+        self._tools.call(seq)
 
-    def _tool_answered(self, seq: _Seq, payload: int) -> None:
+    def _tool_answered(self, seq: SimSequence, payload: int) -> None:
         """The observation joins its output; it queues again at its rank."""
-        del self._tools[seq]
         before, seq.tokens = seq.tokens, min(seq.tokens + payload, seq.target)
         seq.observed += payload
         if any(before < length <= seq.tokens for length in seq.request.report_at):
@@ -417,12 +396,12 @@ class SimInferenceEngine(InferenceEngine):
             self._queue(seq)
             self._wake_server()
         else:  # the answer reached max_new_tokens
-            self._finish(seq, self._end_reason(seq))
+            self._finish(seq, seq.end_reason)
 
-    def _queue(self, seq: _Seq) -> None:
+    def _queue(self, seq: SimSequence) -> None:
         bisect.insort(self._waiting, seq, key=lambda s: s.rank)
 
-    def _stop(self, sid: int) -> _Seq:
+    def _stop(self, sid: int) -> SimSequence:
         seq = self._running.pop(sid)
         seq.tokens = self._step - seq.offset
         self._context_base -= len(seq.request.prompt_ids) - seq.offset
@@ -435,7 +414,7 @@ class SimInferenceEngine(InferenceEngine):
         return bool(self._running) or \
             any(s.hosted is not None for s in [*self._waiting, *self._tools])
 
-    def _wants_newer(self, seq: _Seq) -> bool:
+    def _wants_newer(self, seq: SimSequence) -> bool:
         return seq.request.version is None or seq.request.version > self._version
 
     def _apply_staged(self) -> None:
@@ -460,38 +439,14 @@ class SimInferenceEngine(InferenceEngine):
     def _kv_used(self) -> int:
         return self._running_kv() + self._held_kv
 
-    def _context(self, seq: _Seq) -> int:
+    def _context(self, seq: SimSequence) -> int:
         return len(seq.request.prompt_ids) + seq.tokens
 
-    @staticmethod
-    def _end_reason(seq: _Seq) -> str:
-        return "length" if seq.target >= seq.request.sampling.max_new_tokens else "stop"
-
-    def _finish(self, seq: _Seq, reason: str) -> None:
+    def _finish(self, seq: SimSequence, reason: str) -> None:
         self._held_kv -= seq.cached
         seq.cached = 0
         seq.out.put_nowait(self._result(seq, reason))
 
-    def _result(self, seq: _Seq, reason: str) -> GenerationResult:
-        request = seq.request
+    def _result(self, seq: SimSequence, reason: str) -> GenerationResult:
         running = self._running.get(seq.order) is seq
-        tokens = self._step - seq.offset if running else seq.tokens
-        new = tokens - len(request.resume_ids)
-        ends = [start for _, start in seq.segments[1:]] + [tokens]
-        versions = Runs.of(request.resume_versions) + Runs(
-            (version, end - start) for (version, start), end in zip(seq.segments, ends))
-        return GenerationResult(
-            request.request_id, request.prompt_ids,
-            Runs.of(request.resume_ids) + Runs([(seq.token, new)]),
-            Runs.of(request.resume_logprobs) + Runs([(0.0, new)]),
-            versions, reason)
-
-
-def default_kv_capacity(cost: CostModel, memory_fraction: float = 0.9) -> int:
-    """Tokens of KV cache that fit beside the weights on the instance's tp devices."""
-    free = cost.accelerator.hbm_bytes * cost.tp * memory_fraction - cost.weights_bytes
-    per_token = cost.model.kv_bytes_per_token(cost.dtype_bytes)
-    if free <= per_token:
-        raise ValueError(f"{cost.model.name} on {cost.tp} × {cost.accelerator.name}: the weights "
-                         f"leave no room for a KV cache; use a larger tp")
-    return int(free // per_token)
+        return seq.result(self._step - seq.offset if running else seq.tokens, reason)
