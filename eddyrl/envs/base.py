@@ -111,8 +111,7 @@ class Environment(abc.ABC):
         self.done = False
 
     # Strings that end a model turn so that the environment can answer (a tool call's closing
-    # tag). The caller stops generation on them; `stop_token_ids` gives the ids for engines
-    # that stop on tokens.
+    # tag). The caller stops generation on them (`stop_conditions`).
     stop_strings: tuple[str, ...] = ()
 
     @abc.abstractmethod
@@ -151,19 +150,18 @@ class Environment(abc.ABC):
         self.observation_tokens += len(ids)
         return Observation(token_ids=ids, tool=tool)
 
-    def stop_token_ids(self) -> tuple[int, ...]:
-        """The single token each stop string is, for engines that stop on token ids; a
-        ConfigError naming the string when the tokenizer makes it several tokens."""
-        ids = []
+    def stop_conditions(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """What ends a model turn, for an engine's sampling parameters: each stop string that
+        the tokenizer makes one token as that token's id (the cheap check), the others as
+        strings, which every engine matches on the text it generates."""
+        ids, strings = [], []
         for text in self.stop_strings:
             encoded = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise ConfigError(f"{type(self).__name__}: stop string {text!r} is "
-                                  f"{len(encoded)} tokens for this tokenizer; an engine that "
-                                  "stops on token ids needs one (choose a one-token tag or an "
-                                  "engine with stop strings)")
-            ids.append(encoded[0])
-        return tuple(ids)
+            if len(encoded) == 1:
+                ids.append(encoded[0])
+            else:
+                strings.append(text)
+        return tuple(ids), tuple(strings)
 
     def _tool_info(self, reply: Reply, latency_s: float) -> ToolInfo | None:
         if reply.tool is None:

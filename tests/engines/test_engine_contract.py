@@ -253,3 +253,40 @@ def test_progress_is_reported_at_the_requested_lengths_as_snapshots(engine):
     again = asyncio.run(_collect(engine, [resumed]))
     assert [(r.finish_reason, len(r.token_ids)) for r in again] == [("progress", 5),
                                                                      ("length", 8)]
+
+
+@pytest.mark.parametrize("start", ["fresh", "resumed"])
+def test_stop_strings_end_at_the_token_that_completes_them(engine, tiny_model_dir, start):
+    """A stop string the tokenizer spells in two tokens ends the request ("stop") at the token
+    that completes it; the tokens are the ones sampled (greedy: a prefix of the run without
+    stops) with their log-probs. Only text generated since the request (re)started counts: a
+    transcript that resumes after an earlier turn's stop string is not stopped by it again."""
+    from transformers import AutoTokenizer
+
+    decode = AutoTokenizer.from_pretrained(tiny_model_dir).decode
+    free = asyncio.run(_collect(engine, _requests(4, max_new=30, temperature=0.0)))
+    # the first output that changes character: its first two different characters
+    r, k = next((r, k) for r in free for k in range(len(r.token_ids) - 1)
+                if decode(r.token_ids[k:k + 1]) != decode(r.token_ids[k + 1:k + 2]))
+    stop = decode(r.token_ids[k:k + 2])
+    sampling = SamplingParams(max_new_tokens=len(r.token_ids), temperature=0.0,
+                              stop_strings=(stop, "@@"))
+    request = GenerationRequest("s", r.prompt_ids, sampling)
+    if start == "resumed":  # the history already holds the stop string, and more after it
+        head = k + 3
+        request = GenerationRequest("s", r.prompt_ids, sampling, resume_ids=r.token_ids[:head],
+                                    resume_logprobs=r.logprobs[:head],
+                                    resume_versions=[0] * head)
+    out = asyncio.run(_collect(engine, [request]))[0]
+    assert len(out.token_ids) == len(out.logprobs) == len(out.versions)
+    assert out.token_ids == r.token_ids[:len(out.token_ids)]  # exactly what was sampled
+    torch.testing.assert_close(torch.tensor(out.logprobs),
+                               torch.tensor(r.logprobs[:len(out.logprobs)]))
+    if start == "fresh":
+        assert out.finish_reason == "stop" and len(out.token_ids) == k + 2
+        assert stop in decode(out.token_ids) and stop not in decode(out.token_ids[:-1])
+    else:  # where the free run's text after `head` first holds the string, if anywhere
+        end = next((j + 1 for j in range(head, len(r.token_ids))
+                    if stop in decode(r.token_ids[head:j + 1])), None)
+        assert (out.finish_reason, len(out.token_ids)) == \
+            (("stop", end) if end else ("length", len(r.token_ids)))

@@ -134,13 +134,10 @@ def test_latency_is_read_from_the_given_clock(spy):
     assert (info.latency_s, info.status, info.error) == (2.5, "failure", "bad")
 
 
-def test_stop_token_ids_need_one_token_per_stop_string(spy):
+def test_one_token_stop_strings_become_ids_and_longer_ones_stay_strings(spy):
     env = Scripted([], tokenizer=spy)
-    env.stop_strings = ("#",)
-    assert env.stop_token_ids() == (ord("#"),)
-    env.stop_strings = ("</calc>",)
-    with pytest.raises(ConfigError, match="'</calc>' is 7 tokens"):
-        env.stop_token_ids()
+    env.stop_strings = ("#", "</calc>")
+    assert env.stop_conditions() == ((ord("#"),), ("</calc>",))
 
 
 @pytest.mark.parametrize("key", ["max_turns", "max_observation_tokens", "step_timeout_s"])

@@ -57,7 +57,8 @@ def run(env, text, tokenizer):
 def test_tiny_episode_is_token_in_token_out(tiny_tokenizer):
     env = CalculatorEnv(tokenizer=tiny_tokenizer, prompt="add 48213 90377", answer="138590",
                         syntax=TINY_SYNTAX)
-    assert env.stop_token_ids() == tuple(tiny_tokenizer.encode("#", add_special_tokens=False))
+    assert env.stop_conditions() == (tuple(tiny_tokenizer.encode("#", add_special_tokens=False)),
+                                     ())
     obs = run(env, "calc:48213+90377#", tiny_tokenizer)
     assert obs.token_ids == tuple(tiny_tokenizer.encode("result:138590\n",
                                                         add_special_tokens=False))

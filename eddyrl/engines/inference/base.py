@@ -6,9 +6,12 @@ from __future__ import annotations
 import abc
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
 import torch
+
+if TYPE_CHECKING:
+    from ...hal import BucketSpec
 
 
 @dataclass(slots=True)
@@ -18,6 +21,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     stop_token_ids: tuple[int, ...] = ()
+    # Texts that end the request ("stop") at the generated token that completes one; that token
+    # is kept and the tokens come back exactly as sampled (stop_strings.py: how both real
+    # engines decode and match). For stops a tokenizer may spell in several tokens (tool tags).
+    stop_strings: tuple[str, ...] = ()
     seed: int | None = None  # per-request seed, for reproducible sampling
 
 
@@ -150,6 +157,24 @@ class InferenceEngine(abc.ABC):
             if not stats.running and not stats.waiting:
                 return
             await asyncio.sleep(poll_s)
+
+    # ---- optional: the engine's own processes receive the weight broadcast ---------------
+    def weight_ranks(self) -> int:
+        """Ranks the engine's own processes take in a `collective` weight channel (one per
+        process holding part of the model, e.g. each tensor-parallel worker). 0, the default:
+        the worker process receives each bucket and hands it to `load_weights`."""
+        return 0
+
+    def connect_weight_channel(self, rendezvous: str, rank_offset: int, world_size: int,
+                               timeout_s: float = 600.0) -> None:
+        """Join the trainer's broadcast group (rank 0 sends) as ranks `rank_offset` ...
+        `rank_offset + weight_ranks() - 1`; only engines whose `weight_ranks()` is > 0."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")
+
+    async def receive_weights(self, version: int, specs: list[BucketSpec]) -> None:
+        """`load_weights`, each bucket taken off the broadcast by the engine's own processes
+        (`connect_weight_channel` first), with the same version semantics."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")
 
     def configure(self, *, max_batch_size: int | None = None,
                   partial_rollout: bool | None = None) -> None:

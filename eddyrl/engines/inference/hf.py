@@ -30,6 +30,7 @@ from ...hal import Platform
 from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
                    check_request)
 from .sampling import sample
+from .stop_strings import StopStrings, watcher
 
 
 @dataclass
@@ -38,6 +39,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    stops: StopStrings | None = None  # watches the generated text for stop strings
 
     def __post_init__(self) -> None:  # resumed (partial) requests keep their history
         self.tokens = list(self.request.resume_ids)
@@ -60,6 +62,7 @@ class HFInferenceEngine(InferenceEngine):
                  max_batch_size: int = 256, version: int = 0,
                  partial_rollout: bool = False) -> None:
         self.platform = platform
+        self.model_path = model_path
         self.device = platform.device(platform.local_rank())
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model = platform.apply_model_patches(model).to(self.device).eval()
@@ -111,7 +114,7 @@ class HFInferenceEngine(InferenceEngine):
             for request in chunk:  # its weights are gone: the caller places it elsewhere
                 yield _Row(request).result("refused")
             return
-        rows = [_Row(r) for r in chunk]
+        rows = [_Row(r, stops=watcher(r.sampling.stop_strings, self.model_path)) for r in chunk]
         self._running += len(rows)
         self._drained.clear()
         try:
@@ -212,7 +215,7 @@ class HFInferenceEngine(InferenceEngine):
 
     def _finish_reason(self, row: _Row) -> str | None:
         s = row.request.sampling
-        if row.tokens[-1] in s.stop_token_ids:
+        if row.tokens[-1] in s.stop_token_ids or (row.stops and row.stops.push(row.tokens[-1])):
             return "stop"
         if len(row.tokens) >= s.max_new_tokens:
             return "length"  # complete: an abort that arrives now changes nothing

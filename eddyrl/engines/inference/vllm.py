@@ -9,12 +9,18 @@ How the contract maps onto vLLM:
   the token (at T = 1 when greedy), the quantity the trainer recomputes, as long as top-k / top-p
   are off; with them on vLLM renormalises over the kept tokens, so it reports log p + (-log kept
   mass), where `hf` (sampling.py) does not renormalise.
-- Weights are staged inside vLLM's worker bucket by bucket while decoding goes on
-  (vllm_weights.py) and applied between two engine steps by vLLM's in-place reload; the prefix
-  cache is then reset, its KV being the old weights'. Delayed updates wait for the requests of
-  the hosted version to drain, as in `hf`. Partial rollout interrupts the running requests
+- Weights are staged inside vLLM's worker bucket by bucket while decoding goes on, packed
+  through host memory (vllm_weights.py) or, with a `collective` channel, received device to
+  device by the workers themselves from the trainer's broadcast (vllm_transfer.py), and
+  applied between two engine steps by vLLM's in-place reload; the prefix cache is then reset,
+  its KV being the old weights'. Delayed updates wait for the requests of the hosted version
+  to drain, as in `hf`. Partial rollout interrupts the running requests
   (abort, which returns every token so far), applies, and resumes each as a new segment: the new
   weights re-prefill prompt + tokens, where `hf` keeps the KV cache the old weights computed.
+- Stop strings are matched here, on the streamed tokens, by the same code as in `hf`
+  (stop_strings.py), not by vLLM (whose text would start afresh at every segment): the
+  trajectory ends at the completing token and the segment is aborted; the token or two vLLM
+  sampled after it are dropped (they were never part of the trajectory).
 - vLLM's client objects belong to one event loop. The adapter keeps them on a private loop in a
   thread, so callers may use any loop (`asyncio.run` per call, Ray's actor loop) and all engine
   state changes on that one loop.
@@ -27,49 +33,23 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Iterable
 
 import torch
 
-from ...hal import Platform
+from ...hal import BucketSpec, Platform
+from . import vllm_transfer
 from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
                    check_request)
+from .stop_strings import watcher
 from .vllm_api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
 from .vllm_loop import LoopThread, Slots
-from .vllm_weights import pack, weight_names
+from .vllm_trajectory import Trajectory
+from .vllm_weights import check_complete, check_known, stage_from_host, weight_names
 
 logger = logging.getLogger(__name__)
 _END = object()
-
-
-@dataclass
-class _Trajectory:
-    request: GenerationRequest
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:  # resumed (partial) requests keep their history
-        self.tokens = list(self.request.resume_ids)
-        self.logprobs = list(self.request.resume_logprobs)
-        self.versions = list(self.request.resume_versions)
-
-    def extend(self, token_ids, logprobs, version: int) -> None:
-        if len(token_ids) != len(logprobs or ()):
-            raise RuntimeError(f"vLLM returned {len(token_ids)} tokens but "
-                               f"{len(logprobs or ())} log-probs for {self.request.request_id}")
-        for token, entry in zip(token_ids, logprobs):
-            self.tokens.append(token)
-            self.logprobs.append(entry[token].logprob)  # the sampled token is always there
-            self.versions.append(version)
-
-    def result(self, reason: str, length: int | None = None) -> GenerationResult:
-        end = len(self.tokens) if length is None else length
-        return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
-                                self.tokens[:end], self.logprobs[:end], self.versions[:end],
-                                reason)
 
 
 class VLLMInferenceEngine(InferenceEngine):
@@ -77,6 +57,7 @@ class VLLMInferenceEngine(InferenceEngine):
                  max_batch_size: int = 256, version: int = 0, partial_rollout: bool = False,
                  dtype: str = "float32", kv_cache_bytes: int | None = None) -> None:
         self.platform = platform
+        self.model_path = model_path
         self.api = VLLMApi.detect(platform)
         config = json.loads((Path(model_path) / "config.json").read_text())
         self.max_positions = int(config.get("max_position_embeddings", 1 << 30))
@@ -109,20 +90,23 @@ class VLLMInferenceEngine(InferenceEngine):
             max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
             enforce_eager=True,  # graph capture / compilation would cost more than it saves here
             distributed_executor_backend="uni",  # one worker, inside the engine-core process
-            worker_extension_cls="eddyrl.engines.inference.vllm_weights.WeightStaging",
+            worker_extension_cls="eddyrl.engines.inference.vllm_transfer.WorkerExtension",
             kv_cache_memory_bytes=kv_cache_bytes or kv_cache_bytes_for(
                 config, max_batch_size, self.max_positions, getattr(torch, dtype).itemsize),
             enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True)
         self._thread = LoopThread()  # vLLM's client objects are made on the loop they use
         self._llm = self._thread.run(self.api.start(args, platform.inference_engine_env(),
                                                     self._record_scheduler))
+        self._receiving = False  # the workers joined a weight broadcast group
 
     def _record_scheduler(self, stats) -> None:
         self._kv_cache_usage = float(stats.kv_cache_usage)
 
     def close(self) -> None:
-        """Stop vLLM's engine-core process and the adapter's thread."""
+        """Leave the weight group, stop vLLM's engine-core process and the adapter's thread."""
         async def shutdown() -> None:
+            if self._receiving:
+                await vllm_transfer.close(self._rpc_all)
             self._llm.shutdown()
         self._thread.run(shutdown())
         self._thread.stop()
@@ -166,7 +150,7 @@ class VLLMInferenceEngine(InferenceEngine):
         if not hosted:  # its weights are gone: the caller places it elsewhere
             self._waiting -= len(requests)
             for request in requests:
-                emit(_Trajectory(request).result("refused"))
+                emit(Trajectory(request).result("refused"))
             return
         self._users += len(requests)  # admitted with no await since the version check
         self._drained.clear()
@@ -200,7 +184,8 @@ class VLLMInferenceEngine(InferenceEngine):
                 await self._apply_staged()
 
     async def _run(self, request: GenerationRequest, emit) -> None:
-        trajectory = _Trajectory(request)
+        trajectory = Trajectory(request, stops=watcher(request.sampling.stop_strings,
+                                                        self.model_path))
         rid = request.request_id
         started = False
         try:
@@ -223,7 +208,7 @@ class VLLMInferenceEngine(InferenceEngine):
             if self._users == 0:
                 self._drained.set()  # staged weights wait for a request that needs them
 
-    async def _decode(self, trajectory: _Trajectory, emit) -> str:
+    async def _decode(self, trajectory: Trajectory, emit) -> str:
         rid = trajectory.request.request_id
         while True:
             await self._gate.wait()  # a weight switch in progress: resume on the new weights
@@ -234,27 +219,34 @@ class VLLMInferenceEngine(InferenceEngine):
                 return reason
             self._interrupted.discard(rid)
 
-    async def _segment(self, trajectory: _Trajectory, emit) -> str:
-        """One vLLM request from the trajectory's tokens so far; returns vLLM's finish reason."""
+    async def _segment(self, trajectory: Trajectory, emit) -> str:
+        """One vLLM request from the trajectory's tokens so far; returns its finish reason."""
         request, rid = trajectory.request, trajectory.request.request_id
         vid = f"{rid}#{next(self._segment_ids)}"
         version = self._version  # constant: weights switch only when no segment runs
         self._enter(rid, vid)
-        reason, stopping = None, False
+        reason, stopping, at_stop = None, False, False
         try:
             prompt = TokensPrompt(prompt_token_ids=request.prompt_ids + trajectory.tokens)
             params = sampling_params(request.sampling,
                                      request.sampling.max_new_tokens - len(trajectory.tokens))
             async for out in self._llm.generate(prompt, params, vid):
+                if at_stop:
+                    continue  # vLLM's tokens after a stop string: dropped, until its abort
                 completion = out.outputs[0]
                 before = len(trajectory.tokens)
-                trajectory.extend(completion.token_ids, completion.logprobs, version)
+                at_stop = trajectory.extend(completion.token_ids, completion.logprobs, version)
                 now = len(trajectory.tokens)
                 self._tokens += now - before
+                ended = out.finished or at_stop
                 for length in sorted(request.report_at):  # passed, and not where it ended
-                    if before < length <= now and (length < now or not out.finished):
+                    if before < length <= now and (length < now or not ended):
                         emit(trajectory.result("progress", length))
-                if out.finished:
+                if at_stop:
+                    reason = "stop"
+                    if not out.finished:
+                        await self._llm.abort(vid)
+                elif out.finished:
                     reason = completion.finish_reason
                 elif not stopping and (rid in self._aborted or rid in self._interrupted):
                     stopping = True  # asked to stop before vLLM knew this request id
@@ -294,41 +286,48 @@ class VLLMInferenceEngine(InferenceEngine):
                            buckets: Iterable[dict[str, torch.Tensor]]) -> None:
         """Stage the buckets in vLLM's worker while decoding goes on, then apply them now if
         nothing of the hosted version runs (or with partial rollout), else once it drained."""
-        await self._thread.call(self._load_weights(version, buckets))
+        async def stage() -> set[str]:
+            return await stage_from_host(self._rpc, buckets, self._known_names)
+        await self._thread.call(self._load_weights(version, stage))
 
-    async def _load_weights(self, version: int,
-                            buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+    def weight_ranks(self) -> int:
+        """One receiving rank per vLLM worker (tensor- and pipeline-parallel ranks)."""
+        return int(self._llm.vllm_config.parallel_config.world_size)
+
+    def connect_weight_channel(self, rendezvous: str, rank_offset: int, world_size: int,
+                               timeout_s: float = 600.0) -> None:
+        self._thread.run(vllm_transfer.connect(self._rpc_all, self.platform.name, rendezvous,
+                                               rank_offset, world_size, timeout_s))
+        self._receiving = True
+
+    async def receive_weights(self, version: int, specs: list[BucketSpec]) -> None:
+        """As `load_weights`, the workers taking each bucket off the trainer's broadcast into
+        device buffers (vllm_transfer.py). An update with wrong names is received whole (the
+        broadcast needs every rank) and then refused."""
+        if not self._receiving:
+            raise RuntimeError("receive_weights before connect_weight_channel")
+
+        async def stage() -> set[str]:
+            names = await vllm_transfer.receive(self._rpc_all, specs)
+            check_known(names, self._known_names)
+            return names
+        await self._thread.call(self._load_weights(version, stage))
+
+    async def _load_weights(self, version: int, stage) -> None:
+        """`stage()` fills the worker's incoming copy and returns the names it brought; a
+        complete update becomes the staged one (a failed one leaves that as it was)."""
         async with self._loading:
-            await self._rpc("eddy_begin_staging")
-            seen: set[str] = set()
+            await self._rpc_all("eddy_begin_staging")
             try:
-                batches = iter(buckets)
-                # The channel may block (a broadcast): receive and pack off this loop.
-                while (packed := await asyncio.to_thread(self._next_packed, batches)) is not None:
-                    seen.update(name for name, *_ in packed)
-                    await self._rpc("eddy_stage", packed)
-                missing = self._weight_names - seen
-                if missing:
-                    raise KeyError(f"weight update for version {version} lacks "
-                                   f"{sorted(missing)[:3]}")
+                check_complete(version, await stage(), self._weight_names)
             except BaseException:
-                await self._rpc("eddy_drop_incoming")  # what was staged before stays
+                await self._rpc_all("eddy_drop_incoming")  # what was staged before stays
                 raise
             async with self._switching:  # not while a switch applies the previous copy
-                await self._rpc("eddy_commit_staged")
+                await self._rpc_all("eddy_commit_staged")
                 self._staged = version
         if self._users == 0 or self.partial_rollout:
             await self._apply_staged()
-
-    def _next_packed(self, batches):
-        bucket = next(batches, None)
-        if bucket is None:
-            return None
-        known = self._known_names
-        unknown = [name for name in bucket if known is not None and name not in known]
-        if unknown:
-            raise KeyError(f"weights {unknown[:3]} do not belong to this model")
-        return pack(bucket)
 
     async def _apply_staged(self) -> None:
         """Swap the staged weights in between two engine steps. Running segments (only with
@@ -342,7 +341,7 @@ class VLLMInferenceEngine(InferenceEngine):
                     self._interrupted.update(self._live)
                     await self._llm.abort(list(self._live.values()))
                     await self._idle.wait()
-                await self._rpc("eddy_apply_staged")
+                await self._rpc_all("eddy_apply_staged")
                 if not await self._llm.reset_prefix_cache():  # its KV came from the old weights
                     logger.warning("vLLM kept its prefix cache after a weight update: cached "
                                    "prompts may reuse the old weights' KV")
@@ -350,8 +349,11 @@ class VLLMInferenceEngine(InferenceEngine):
             finally:
                 self._gate.set()
 
+    async def _rpc_all(self, method: str, *args) -> list:
+        return await self._llm.collective_rpc(method, args=args)  # one result per worker
+
     async def _rpc(self, method: str, *args):
-        return (await self._llm.collective_rpc(method, args=args))[0]
+        return (await self._rpc_all(method, *args))[0]
 
     async def sleep(self) -> None:
         await self._thread.call(self._sleep())

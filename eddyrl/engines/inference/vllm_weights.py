@@ -1,16 +1,19 @@
 """Weight updates of the `vllm` engine: the names an update must bring, the form buckets travel
-in, and `WeightStaging`, which runs inside vLLM's worker: it keeps the buckets while the engine
-decodes and swaps them in between two engine steps.
+in through host memory, and `WeightStaging`, which runs inside vLLM's worker: it keeps the
+buckets while the engine decodes and swaps them in between two engine steps. (Buckets received
+device to device from the trainer's broadcast: vllm_transfer.py.)
 
-vLLM mixes `WeightStaging` into its worker class (`worker_extension_cls`), so `self` is the
-worker; the adapter calls its methods by name through `collective_rpc`, which the engine core
-runs between steps. The engine-core process imports this module: it stays light (no vLLM, no
-adapter import).
+vLLM mixes the worker extension (`vllm_transfer.WorkerExtension`, which includes
+`WeightStaging`) into its worker class, so `self` is the worker; the adapter calls its methods
+by name through `collective_rpc`, which the engine core runs between steps. The engine-core
+process imports this module: it stays light (no vLLM, no adapter import, at module level).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Awaitable, Callable, Iterable
 
 import torch
 
@@ -51,6 +54,70 @@ def unpack(item: PackedTensor) -> tuple[str, torch.Tensor]:
     return name, raw.view(getattr(torch, dtype)).reshape(shape)
 
 
+def check_known(names: Iterable[str], known: frozenset[str] | None) -> None:
+    """A KeyError naming the first weights this model does not have (None: not checked)."""
+    unknown = sorted(name for name in names if known is not None and name not in known)
+    if unknown:
+        raise KeyError(f"weights {unknown[:3]} do not belong to this model")
+
+
+def check_complete(version: int, received: set[str], required: frozenset[str]) -> None:
+    """A KeyError naming the first weights the model needs that the update did not bring."""
+    missing = required - received
+    if missing:
+        raise KeyError(f"weight update for version {version} lacks {sorted(missing)[:3]}")
+
+
+async def stage_from_host(rpc: Callable[..., Awaitable], buckets: Iterable[dict],
+                          known: frozenset[str] | None) -> set[str]:
+    """Pack each bucket and hand it to the worker's incoming copy; returns the names sent.
+    A bucket with names the model lacks stops the update before it reaches the worker."""
+    batches = iter(buckets)
+    seen: set[str] = set()
+    # The buckets may come off a blocking channel: take and pack them off the event loop.
+    while (bucket := await asyncio.to_thread(next, batches, None)) is not None:
+        check_known(bucket, known)
+        packed = await asyncio.to_thread(pack, bucket)
+        seen.update(bucket)
+        await rpc("eddy_stage", packed)
+    return seen
+
+
+def worker_device(worker) -> torch.device:
+    """The device a vLLM worker computes on (GPU, NPU and CPU workers all keep `device`)."""
+    device = getattr(worker, "device", None)
+    if device is None:
+        raise RuntimeError(f"{type(worker).__name__} has no device attribute; the engine "
+                           "cannot load weights into it")
+    return torch.device(device)
+
+
+def reload_strategy(worker, layerwise_available: bool) -> str:
+    """How a worker reloads a whole set of checkpoint-format weights in place: its own
+    `reload_weights` where it has one (vLLM's GPU and CPU workers, 0.23 on), else vLLM's
+    layer-wise reload around the model's `load_weights` ("layerwise": what `reload_weights`
+    does inside, and what vllm-ascend 0.23's NPU worker, which has no `reload_weights`, does in
+    its own weight-transfer path). Read from the worker, never from a version string."""
+    if callable(getattr(worker, "reload_weights", None)):
+        return "reload_weights"
+    runner = getattr(worker, "model_runner", None)
+    if layerwise_available and getattr(runner, "model", None) is not None:
+        return "layerwise"
+    raise NotImplementedError(
+        f"{type(worker).__name__} has no reload_weights and this vLLM no layer-wise reload "
+        "(vllm.model_executor.model_loader.reload); the vllm engine cannot update its weights")
+
+
+def _layerwise_reload():
+    """vLLM's layer-wise reload (begin, finish), or None where this vLLM lacks it."""
+    try:
+        from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                             initialize_layerwise_reload)
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload
+
+
 class WeightStaging:
     """The next weights, kept in the worker until the adapter applies them: buckets arrive in
     an incoming copy, which becomes the staging copy once complete (a failed update leaves the
@@ -71,18 +138,25 @@ class WeightStaging:
     def eddy_commit_staged(self) -> None:
         self._eddy_staged, self._eddy_incoming = self._eddy_incoming, {}
 
-    def eddy_apply_staged(self) -> int:
-        """Load every staged tensor in one in-place reload. vLLM's `reload_weights` takes
-        checkpoint names (it fuses q/k/v and gate/up itself) and re-runs each layer's
-        post-load processing (e.g. the CPU backend's weight repacking), which a bare
-        `model.load_weights` would skip. One call with all tensors: a layer given only part
-        of its weights would be processed half-loaded."""
+    def eddy_apply_staged(self, strategy: str | None = None) -> int:
+        """Load every staged tensor in one in-place reload (`strategy`: see `reload_strategy`;
+        None picks what this worker has). vLLM's reload takes checkpoint names (it fuses q/k/v
+        and gate/up itself) and re-runs each layer's post-load processing (e.g. the CPU
+        backend's weight repacking), which a bare `model.load_weights` would skip. One call
+        with all tensors: a layer given only part of its weights would be processed
+        half-loaded."""
         weights = list(self.__dict__.pop("_eddy_staged", {}).items())
-        if not hasattr(self, "reload_weights"):
-            raise NotImplementedError("this vLLM worker has no reload_weights; the vllm "
-                                      "engine needs a vLLM whose Worker.reload_weights "
-                                      "takes weights_iterator")
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        layerwise = _layerwise_reload()
+        strategy = strategy or reload_strategy(self, layerwise is not None)
+        if strategy == "reload_weights":
+            self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        else:
+            begin, finish = layerwise
+            model = self.model_runner.model
+            with torch.device(worker_device(self)):  # tensors the reload re-creates go there
+                begin(model)
+                model.load_weights(weights)
+                finish(model, self.model_config)
         return len(weights)
 
     def eddy_torch_threads(self) -> int:
