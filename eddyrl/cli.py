@@ -44,6 +44,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     with TrainProgress(config.loop.steps) as progress:
         summary_path = train(config, on_step=progress.update)
     summary = json.loads(summary_path.read_text())
+    if summary.get("resumed_from"):
+        console.print(f"resumed from {summary['resumed_from']} (step {summary['resumed_step']}, "
+                      f"{summary['requeued_groups']} groups generated again)", highlight=False)
     console.print(f"held-out accuracy: {summary['initial_eval_accuracy']:.3f} -> "
                   f"{summary['final_eval_accuracy']:.3f} in {summary['wall_seconds']:.0f} s "
                   f"({summary['steps']} steps)", highlight=False)

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import resume
 from .config import EddyConfig, to_yaml
+from .core import run_state
 from .core.controller import Controller, LoopSettings
 from .core.rewarding import SafeReward, load_reward_fn
 from .engines.inference.base import SamplingParams
@@ -61,9 +63,10 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     # max_new_tokens bounds the whole episode (engines count resumed tokens against it).
     env = config.env.build("env", tokenizer=tokenizer, reward_fn=data.reward_fn,
                            payload_bytes=config.routing.payload_bytes)
-    stop_ids = [tokenizer.eos_token_id]
+    stop_ids, stop_strings = [tokenizer.eos_token_id], ()
     if env is not None:
-        stop_ids += [i for i in env(prompt="", answer="").stop_token_ids() if i not in stop_ids]
+        env_ids, stop_strings = env(prompt="", answer="").stop_conditions()
+        stop_ids += [i for i in env_ids if i not in stop_ids]
     settings = LoopSettings(
         loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
         seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
@@ -72,7 +75,8 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
         plan_cost=_plan_cost(config, model_path), env=env,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                 temperature=rollout.temperature, top_p=rollout.top_p,
-                                top_k=rollout.top_k, stop_token_ids=tuple(stop_ids)))
+                                top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
+                                stop_strings=stop_strings))
     return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn))
 
 
@@ -116,11 +120,16 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     started = time.monotonic()
     resolve_role_platforms(config)  # fail fast, in one sentence, if a platform is absent
     run_dir = resolve_run_dir(config)
-    if (run_dir / "metrics.jsonl").exists():
+    point = resume.find(config.resume, run_dir)
+    if point is None and (run_dir / "metrics.jsonl").exists():
         # Appending would mix two runs' metrics; overwriting would lose the first run's.
-        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
-                          "another run_dir or move that one away")
+        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl)"
+                          + ("; it has no complete checkpoint to go on from" if config.resume
+                             else "") + "; choose another run_dir, move that one away"
+                          + ("" if config.resume else ", or go on with resume=auto"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if point is not None:
+        resume.restart_metrics(run_dir / "metrics.jsonl", point)
     (run_dir / "config.yaml").write_text(to_yaml(config))
     model_path = config.model.resolve()
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
@@ -137,26 +146,34 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
         controller = Controller(runtime, settings, train_set, eval_set,
                                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 reward=reward, log=log)
-        summary = asyncio.run(_run_and_save(controller, runtime, run_dir / "checkpoint"))
+        controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
+        summary = asyncio.run(_run_and_save(controller, runtime, run_dir, config, point))
     finally:
         runtime.shutdown()
         metrics_file.close()
     summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
-                   checkpoint=str(run_dir / "checkpoint"),
+                   checkpoint=str(run_dir / resume.FINAL),
                    prompts_truncated=train_set.truncated + eval_set.truncated)
     path = run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return path
 
 
-async def _run_and_save(controller: Controller, runtime, checkpoint: Path) -> dict[str, Any]:
+async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: EddyConfig,
+                        point: resume.ResumePoint | None) -> dict[str, Any]:
+    requeued = []
+    if point is not None:  # the trainer first: the controller publishes its weights
+        await runtime.load(str(point.path))
+        requeued = run_state.restore(controller, point.state)
     summary = await controller.run()
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
     summary.update(rollout_workers=len(stats),
+                   rollout_replacements=getattr(runtime, "replacements", 0),
                    rollout_busy_s=sum(s.busy_seconds for s in stats),
                    rollout_worker_tokens=[s.tokens_generated for s in stats])
-    await runtime.save(str(checkpoint))
-    # The ledger goes with the checkpoint: which prompts were trained fresh, replayed, dropped.
-    (checkpoint / "ledger.json").write_text(json.dumps(controller.ledger.to_dict()))
-    return summary
+    # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and
+    # everything else a resume needs.
+    summary["run_checkpoint"] = str(await resume.save_final(
+        controller, runtime.save, run_dir, config.checkpoint.keep_last, point))
+    return {**summary, **resume.summary(point, requeued)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 
+from ..checkpoints import CheckpointConfig
 from ..core.config import AlgorithmConfig, LoopConfig
 from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
@@ -24,6 +25,9 @@ class EddyConfig:
     platform: str = "auto"  # a platform name, or "auto": EDDY_PLATFORM, else detection
     seed: int = 0
     run_dir: str | None = None  # None: runs/<date>-<time>
+    # go on from a checkpoint: "auto" (the newest good one in run_dir, else start fresh), or
+    # the path of a checkpoint, a run directory or its checkpoints/ directory; None: fresh
+    resume: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -31,6 +35,7 @@ class EddyConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
@@ -53,11 +58,34 @@ class EddyConfig:
                 "fresh data (max_fraction < 1)")
         self._check_elastic()
         self._check_routing()
+        self._check_colocated()
         if self.data.task == "tool_add" and self.data.train_path is None and \
                 self.env.name is None:
             raise contradiction(
                 "data.task = tool_add is solved with a calculator, but env.name is not set; "
                 "set env.name = calculator (and env.options.syntax = tiny for the tiny model)")
+
+    def _check_colocated(self) -> None:
+        """Time-sharing devices leaves no room for a role to run while the other does."""
+        if self.cluster.placement != "colocated":
+            return
+        key = "cluster.placement = colocated"
+        if self.algorithm.max_staleness > 0:
+            raise contradiction(
+                f"{key} with algorithm.max_staleness = {self.algorithm.max_staleness}: "
+                "colocated roles take turns on the same devices, so nothing generates while "
+                "the trainer trains; asynchronous training needs cluster.placement = split "
+                "(or set max_staleness = 0)")
+        if self.elastic.enabled:
+            raise contradiction(
+                f"{key} with elastic.enabled = True: the elastic pool lends split rollout "
+                "workers to training; colocated workers already train on every device")
+        rollout = self.rollout.platform or self.platform
+        train = self.train.platform or self.platform
+        if rollout != train:
+            raise contradiction(
+                f"{key} with rollout on {rollout!r} and training on {train!r}: colocated "
+                "roles share devices, so they run on one platform")
 
     def _check_routing(self) -> None:
         routing = self.routing

@@ -60,7 +60,6 @@ class LoopConfig:
     refill: str = "batch"
     eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
-    save_every: int = 0  # steps between checkpoints (0: only the final one)
     max_seconds: float = 0.0  # stop after the step that crosses this runtime time (0: no limit)
 
     def validate(self, prefix: str) -> None:
@@ -70,5 +69,4 @@ class LoopConfig:
         check_choice(f"{prefix}.refill", self.refill, ("batch", "stream"))
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
         check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
-        check_range(f"{prefix}.save_every", self.save_every, 0)
         check_range(f"{prefix}.max_seconds", self.max_seconds, 0)

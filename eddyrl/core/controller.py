@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from ..engines.config import RolloutConfig
 from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
@@ -26,7 +26,7 @@ from ..scheduler.cost_model import CostModel
 from ..scheduler.elastic import ElasticConfig
 from ..scheduler.plan_predictor import PlanPredictor
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
-from ..tasks.prompts import Prompt
+from ..tasks.prompts import Prompt, PromptQueue
 from .batch import TrainBatch
 from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
@@ -56,6 +56,9 @@ class Runtime(Protocol):
     async def worker_stats(self) -> list[Any]:
         """Each rollout worker's `EngineStats` (KV-cache use, queues)."""
         ...
+    # Optional: `async replace_worker(worker) -> int` starts a new process for a worker whose
+    # calls raised `errors.WorkerLost` and returns the version it hosts (the rollout regenerates
+    # the lost requests meanwhile); without it a lost worker ends the run.
 
 
 @dataclass
@@ -93,7 +96,11 @@ class Controller:
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
-    _pending: deque = field(default_factory=deque)  # (epoch, prompt) drawn, not yet rolled out
+    # groups a resume handed back (their output was not kept): generated before new prompts
+    _requeued: deque = field(default_factory=deque)
+    # awaited between steps (not after the last: the caller saves the end state after the
+    # drain) with the step just taken; the run's checkpoints live there, outside the loop
+    checkpoint: Callable[[int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         loop, algo, rollout = self.settings.loop, self.settings.algorithm, self.settings.rollout
@@ -114,7 +121,8 @@ class Controller:
             episodes=Episodes(self.settings.env, self.decode) if self.settings.env else None)
         if loop.refill == "stream":
             self.rollout.on_collect = self._fill_pipeline
-        self._batches = self.train_prompts.batches(loop.batch_prompts, self.settings.seed)
+        self.prompt_queue = PromptQueue(self.train_prompts, loop.batch_prompts,
+                                        self.settings.seed)
         self.elastic = self._elastic_driver()
 
     def _router(self) -> BucketRouter | None:
@@ -150,12 +158,18 @@ class Controller:
         return self.window.version
 
     async def run(self) -> dict[str, Any]:
+        """Steps up to `loop.steps`; a controller restored from a checkpoint (`run_state`)
+        goes on after its last step, with its weights published to the workers first."""
         loop = self.settings.loop
         started = self.runtime.now()
-        initial = await self.evaluate()
-        self._emit({"step": 0, **initial})
-        step = 0
-        for step in range(1, loop.steps + 1):
+        if self.history:
+            initial = self.history[0]
+            self.rollout.published(self.version, await self.runtime.sync_weights(self.version))
+        else:
+            initial = await self.evaluate()
+            self._emit({"step": 0, **initial})
+        step = first = self.history[-1]["step"]
+        for step in range(first + 1, loop.steps + 1):
             self.ledger.step = step
             metrics = await self.step()
             out_of_time = bool(loop.max_seconds) and \
@@ -166,10 +180,12 @@ class Controller:
             self._emit({"step": step, **metrics})
             if out_of_time:
                 break
+            if self.checkpoint is not None and step < loop.steps:
+                await self.checkpoint(step)
         await self.rollout.drain()  # groups still generating finish (collected, never trained)
         if self.elastic is not None:
             await self.elastic.drain()
-        final = self.history[-1] if step else {"step": 0, **initial}
+        final = next(m for m in reversed(self.history) if "eval_accuracy" in m)
         return {"initial_eval_accuracy": initial["eval_accuracy"],
                 "final_eval_accuracy": final["eval_accuracy"], "steps": step,
                 "seconds": self.runtime.now() - started,
@@ -178,6 +194,7 @@ class Controller:
                 "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
                 "reward_errors": self.reward.errors,
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
+                "workers_lost": self.rollout.workers_lost,
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
                 **({"env": self._env_report()} if self.rollout.episodes else {}),
                 **({"elastic": self.elastic.report()} if self.elastic else {})}
@@ -201,6 +218,7 @@ class Controller:
         want = self.settings.loop.batch_prompts
         replayed = self.replay.select(want, self.version)
         moved_before, restarted_before = self.rollout.migrated, self.rollout.restarted
+        lost_before, regenerated_before = self.rollout.workers_lost, self.rollout.regenerated
         routed_before = self.rollout.routed
         episodes = self.rollout.episodes
         env_before = episodes.stats.metrics() if episodes else {}
@@ -245,6 +263,8 @@ class Controller:
                 "replay_fraction": len(replayed) / max(len(groups), 1),
                 "migrated_requests": self.rollout.migrated - moved_before,
                 "restarted_requests": self.rollout.restarted - restarted_before,
+                "workers_lost": self.rollout.workers_lost - lost_before,
+                "regenerated_requests": self.rollout.regenerated - regenerated_before,
                 "routed_requests": self.rollout.routed - routed_before,
                 "inflight_groups": self.window.running,
                 "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
@@ -267,13 +287,6 @@ class Controller:
     def _record_evictions(self) -> None:
         for group_id, reason in self.replay.evicted_since_last():
             self.ledger.evict(group_id, f"replay: {reason}")
-
-    def _next_prompts(self, count: int) -> list[tuple[int, Prompt]]:
-        """The next `count` (epoch, prompt) pairs; drawn prompts are never skipped."""
-        while len(self._pending) < count:
-            epoch, prompts = next(self._batches)
-            self._pending.extend((epoch, prompt) for prompt in prompts)
-        return [self._pending.popleft() for _ in range(count)]
 
     def _dispatchable_groups(self) -> int:
         """Fresh groups `_fill_pipeline` would dispatch now: whole batches, or with streaming
@@ -304,11 +317,14 @@ class Controller:
                                       version=version, worker=worker)
 
     def _queue_groups(self, count: int) -> list[Group]:
-        drawn = self._next_prompts(count)
+        """`count` groups to dispatch: those a resume requeued first (drawn before anything
+        still in the prompt queue), then new ones."""
+        requeued = [self._requeued.popleft() for _ in range(min(count, len(self._requeued)))]
+        drawn = self.prompt_queue.take(count - len(requeued))
         groups = self._new_groups([prompt for _, prompt in drawn])
         for group, (epoch, prompt) in zip(groups, drawn):
             self.ledger.queue(group.group_id, prompt.index, epoch)
-        return groups
+        return requeued + groups
 
     async def collect_fresh(self) -> tuple[list[Group], dict[str, Any]]:
         """The next fresh batch the window hands out (C3 is checked for every group in it);

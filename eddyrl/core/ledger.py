@@ -6,6 +6,7 @@ States and the only legal moves (anything else raises `LedgerError`):
     QUEUED        -> GENERATING     start(worker, version)
     GENERATING    -> COLLECTED      collect
     GENERATING    -> QUEUED         requeue(reason)   its worker failed; it will start again
+    COLLECTED     -> QUEUED         requeue_lost(reason)  a resume did not keep its output
     COLLECTED     -> TRAINED_FRESH  train_fresh(step)
     COLLECTED     -> EVICTED        evict(reason)     dropped before training (no signal, stale)
     TRAINED_FRESH -> IN_REPLAY      to_replay
@@ -44,7 +45,7 @@ class State(str, Enum):
 LEGAL: dict[State, frozenset[State]] = {
     State.QUEUED: frozenset({State.GENERATING}),
     State.GENERATING: frozenset({State.COLLECTED, State.QUEUED}),
-    State.COLLECTED: frozenset({State.TRAINED_FRESH, State.EVICTED}),
+    State.COLLECTED: frozenset({State.TRAINED_FRESH, State.EVICTED, State.QUEUED}),
     State.TRAINED_FRESH: frozenset({State.IN_REPLAY, State.DONE}),
     State.IN_REPLAY: frozenset({State.IN_REPLAY, State.EVICTED}),
     State.EVICTED: frozenset(),
@@ -109,7 +110,13 @@ class Ledger:
         self._move(group_id, State.GENERATING, worker=worker, version=version)
 
     def requeue(self, group_id: str, reason: str) -> None:
-        """Its worker failed mid-generation: back to the queue, to be started again."""
+        """Its worker failed mid-generation: back to the queue, to be started again. A
+        collected group keeps its output, so it is never requeued this way."""
+        self._move(group_id, State.QUEUED, reason=reason, only_from=State.GENERATING)
+
+    def requeue_lost(self, group_id: str, reason: str) -> None:
+        """A resume from a checkpoint did not keep this group's output (it was generating,
+        or collected and not yet trained): back to the queue, to be generated again."""
         self._move(group_id, State.QUEUED, reason=reason)
 
     def collect(self, group_id: str) -> None:
@@ -185,12 +192,18 @@ class Ledger:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Ledger:
         ledger = cls()
-        ledger.step = data["step"]
+        ledger.restore(data)
+        return ledger
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Replace this ledger's contents with `to_dict` output, in place: the rollout holds
+        this object, so a resume must not swap it for another."""
+        self.step = data["step"]
+        self._groups = {}
         for gid, r in data["groups"].items():
             history = [Event(**{**e, "state": State(e["state"])}) for e in r["history"]]
-            ledger._groups[gid] = GroupRecord(r["prompt_index"], r["epoch"], history,
-                                              r["reuses"])
-        return ledger
+            self._groups[gid] = GroupRecord(r["prompt_index"], r["epoch"], history,
+                                            r["reuses"])
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -204,7 +217,8 @@ class Ledger:
               version: int | None = None, reason: str | None = None,
               step: int | None = None, only_from: State | None = None) -> None:
         """`only_from` narrows LEGAL where one target has two verbs: entering replay
-        (to_replay) versus another reuse in it (replayed)."""
+        (to_replay) versus another reuse in it (replayed); a worker's failure (requeue) versus
+        a resume (requeue_lost)."""
         record = self._record(group_id)
         if to not in LEGAL[record.state] or (only_from and record.state is not only_from):
             raise LedgerError(f"group {group_id!r}: illegal transition "

@@ -126,6 +126,23 @@ class ReplayBuffer:
                 "selected_total": self._selected_total,
                 **{f"evicted_{reason}": n for reason, n in self._evicted.items()}}
 
+    def state(self) -> dict[str, Any]:
+        """Everything a resume needs, groups included as they are (`core/run_state.py` writes
+        them to disk), entries in insertion order."""
+        return {"entries": [{"group": e.group, "behaviour_version": e.behaviour_version,
+                             "informative": e.informative, "order": e.order, "reuses": e.reuses}
+                            for e in self._entries.values()],
+                "added": self._added, "selected_total": self._selected_total,
+                "evicted": dict(self._evicted), "evicted_log": list(self._evicted_log)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._entries = {e["group"].group_id: _Entry(e["group"], e["behaviour_version"],
+                                                     e["informative"], e["order"], e["reuses"])
+                         for e in state["entries"]}
+        self._added, self._selected_total = state["added"], state["selected_total"]
+        self._evicted = dict(state["evicted"])
+        self._evicted_log = [tuple(item) for item in state["evicted_log"]]
+
     def _evict(self, group_id: str, reason: str) -> None:
         del self._entries[group_id]
         self._evicted[reason] += 1

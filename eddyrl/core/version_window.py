@@ -193,6 +193,22 @@ class VersionWindow:
         self.taken = False
         return self.version
 
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, int]:
+        """What a resume keeps: the version and the groups accepted for training. Groups still
+        dispatched (running, or collected and not yet taken) are not kept: a resume generates
+        them again, and they are accepted then."""
+        untaken = len(self._dispatch_version) - len(self._running)
+        return {"version": self.version, "accepted": self.accepted - untaken}
+
+    def restore(self, state: dict[str, int]) -> None:
+        """Back to `state` at a step boundary, with nothing dispatched."""
+        if self._dispatch_version:
+            raise VersionWindowError(f"cannot restore a window with {len(self._dispatch_version)} "
+                                     "group(s) dispatched")
+        self.version, self.accepted, self.taken = state["version"], state["accepted"], False
+
     # -- internals -----------------------------------------------------------------------------
 
     def _untaken_due_by(self, deadline: int) -> int:

@@ -3,7 +3,11 @@ seeded, shuffled batches epoch after epoch."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import random
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,17 +51,60 @@ class PromptSet:
             raise ConfigError(f"{source}: no prompt rows")
         return cls(prompts, truncated)
 
-    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[int, list[Prompt]]]:
+    def batches(self, batch_size: int, seed: int, start: tuple[int, int] = (0, 0)
+                ) -> Iterator[tuple[int, list[Prompt]]]:
         """Endless (epoch, prompts) batches; each epoch is a new seeded permutation, so resume
-        is reproducible. A last partial batch of an epoch is served too: every prompt of an
-        epoch comes up exactly once."""
-        epoch = 0
+        is reproducible: `start` = (epoch, prompts of its permutation already served) goes on
+        from there. A last partial batch of an epoch is served too: every prompt of an epoch
+        comes up exactly once."""
+        epoch, first = start
         while True:
             order = list(range(len(self.prompts)))
             random.Random(f"{seed}-{epoch}").shuffle(order)
-            for start in range(0, len(order), batch_size):
-                yield epoch, [self.prompts[i] for i in order[start:start + batch_size]]
-            epoch += 1
+            for begin in range(first, len(order), batch_size):
+                yield epoch, [self.prompts[i] for i in order[begin:begin + batch_size]]
+            epoch, first = epoch + 1, 0
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the prompts and answers in order: a resume checks it is given the same
+        data, since its position in the permutation means nothing for other data. Computed
+        once: every checkpoint records it."""
+        digest = hashlib.sha256()
+        for p in self.prompts:
+            digest.update(json.dumps([p.prompt, p.answer, list(p.prompt_ids)]).encode())
+        return digest.hexdigest()
+
+
+class PromptQueue:
+    """The order prompts are drawn in: the seeded batches of `PromptSet.batches`, where they
+    are in them, and the prompts drawn but not yet handed out. Its state is the data position
+    a checkpoint keeps, so a resume draws exactly what the uninterrupted run would have."""
+
+    def __init__(self, prompts: PromptSet, batch_size: int, seed: int) -> None:
+        self.prompts, self.batch_size, self.seed = prompts, batch_size, seed
+        self._position = (0, 0)  # (epoch, prompts of its permutation drawn)
+        self._batches = prompts.batches(batch_size, seed)
+        self._pending: deque[tuple[int, Prompt]] = deque()
+
+    def take(self, count: int) -> list[tuple[int, Prompt]]:
+        """The next `count` (epoch, prompt) pairs; drawn prompts are never skipped."""
+        while len(self._pending) < count:
+            epoch, prompts = next(self._batches)
+            drawn = self._position[1] if epoch == self._position[0] else 0
+            self._position = (epoch, drawn + len(prompts))
+            self._pending.extend((epoch, prompt) for prompt in prompts)
+        return [self._pending.popleft() for _ in range(count)]
+
+    def state(self) -> dict:
+        return {"epoch": self._position[0], "drawn": self._position[1],
+                "pending": [[epoch, prompt.index] for epoch, prompt in self._pending]}
+
+    def restore(self, state: dict) -> None:
+        self._position = (state["epoch"], state["drawn"])
+        self._batches = self.prompts.batches(self.batch_size, self.seed, self._position)
+        self._pending = deque((epoch, self.prompts.prompts[index])
+                              for epoch, index in state["pending"])
 
 
 def prompt_text(prompt: str | list[dict]) -> str:

@@ -22,12 +22,9 @@ import shutil
 from typing import Callable, Iterator
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
+                                                     set_model_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ...core.batch import TrainBatch
@@ -35,8 +32,9 @@ from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
 from .base import LossFn, TrainEngine, token_logprobs
+from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
 
-OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state
+OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state (safetensors)
 ENGINE_STATE_FILE = "eddy_train_state.json"
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
                    "merges.txt", "chat_template*")
@@ -260,8 +258,9 @@ class FSDPTrainEngine(TrainEngine):
         # create it with step = 1 and change the next update, so record its absence instead.
         has_optim = bool(self.optimizer.state)
         if has_optim:
-            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                     checkpoint_id=os.path.join(staging, OPTIM_DIR))
+            save_optimizer(self.model, self.optimizer, os.path.join(staging, OPTIM_DIR),
+                           self.rank)
+        save_rng(self.platform, staging, self.rank)  # dropout, sampling: an exact resume
         if self.rank == 0:
             self.model.save_pretrained(staging, state_dict=full)
             for pattern in TOKENIZER_FILES:
@@ -286,9 +285,8 @@ class FSDPTrainEngine(TrainEngine):
             full_state_dict=True, broadcast_from_rank0=True))
         self.optimizer.state.clear()
         if state["optimizer_state"]:
-            optim = get_optimizer_state_dict(self.model, self.optimizer)  # the sharded template
-            dcp.load({"optimizer": optim}, checkpoint_id=os.path.join(path, OPTIM_DIR))
-            set_optimizer_state_dict(self.model, self.optimizer, optim)
+            load_optimizer(self.model, self.optimizer, os.path.join(path, OPTIM_DIR))
+        load_rng(self.platform, path, self.rank)
         self.version = int(state["version"])
         hd.barrier()
 

@@ -1,0 +1,212 @@
+"""The run's checkpoints on disk: `<run_dir>/checkpoints/step_000042/`, each written whole or
+not at all, checked before it is trusted, the newest few kept.
+
+- Atomic: a checkpoint is written into a hidden temporary directory (`.step_000042.tmp`) and
+  renamed into place; a rename is atomic, so a crash leaves either the whole checkpoint or a
+  temporary directory that is never taken for one (and is removed by the next write).
+- Checked: `manifest.json` is written last, with every file's size and sha256. A step directory
+  without it, with a file missing, shorter or longer than listed, or with different contents is
+  named (`CheckpointError`) and skipped in favour of the previous good one.
+- Kept: after each write, the newest `keep_last` complete checkpoints stay; older ones go.
+
+What goes inside is the caller's (see `resume.py`): this module knows files, not models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from .errors import EddyError
+from .validation import check_range
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_STEP_DIR = re.compile(r"step_(\d+)")
+_CHUNK = 1 << 20
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    every: int = 0  # steps between run checkpoints; 0: only at the end of the run
+    keep_last: int = 2  # complete checkpoints kept; older ones are deleted after a new write
+
+    def validate(self, prefix: str) -> None:
+        check_range(f"{prefix}.every", self.every, 0)
+        check_range(f"{prefix}.keep_last", self.keep_last, 1)
+
+
+class CheckpointError(EddyError, RuntimeError):
+    """A checkpoint is partial or corrupt; the message names it and what is wrong."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a `step_N` directory name; None for anything else."""
+    match = _STEP_DIR.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+async def write(root: Path, step: int, fill: Callable[[Path], Awaitable[None]]) -> Path:
+    """Write checkpoint `step` under `root`: `fill(tmp)` puts its files in the temporary
+    directory `tmp` (it may create it itself: a trainer's save does), then the manifest is
+    written and `tmp` renamed into place. On any failure the temporary directory is removed
+    and the error goes on: no partial checkpoint is left where a resume would look."""
+    root = Path(root)
+    final = step_dir(root, step)
+    tmp = root / f".{final.name}.tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        await fill(tmp)
+        tmp.mkdir(exist_ok=True)
+        _write_manifest(tmp, step)
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(root)
+    return final
+
+
+def verify(path: Path) -> dict:
+    """The manifest of a complete checkpoint at `path`, every file checked against it; else a
+    `CheckpointError` naming the checkpoint and the first thing wrong."""
+    path = Path(path)
+    where = f"checkpoint '{path}'"
+    if not path.is_dir():
+        raise CheckpointError(f"{where} does not exist")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} has no {MANIFEST}: its write did not finish") from None
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{where}: {MANIFEST} is not a valid manifest") from None
+    for name, entry in sorted(files.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{where} is missing {name}")
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{where}: {name} is {size} bytes, the manifest says "
+                                  f"{entry['bytes']} (truncated or partly written)")
+        if _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{where}: {name} does not match its sha256 in {MANIFEST} "
+                                  "(corrupt)")
+    return manifest
+
+
+def latest(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint under `root` that verifies, and why each newer one (and each
+    unfinished write) was passed over; every such reason is also logged as a warning."""
+    root = Path(root)
+    skipped = [f"'{tmp}' is an unfinished write (a temporary directory); ignored"
+               for tmp in sorted(root.glob(".step_*.tmp"))]
+    found = None
+    for path in sorted(_step_dirs(root), key=step_of, reverse=True):
+        try:
+            verify(path)
+        except CheckpointError as exc:
+            skipped.append(f"{exc}; falling back to an earlier checkpoint")
+            continue
+        found = path
+        break
+    for reason in skipped:
+        log.warning(reason)
+    return found, skipped
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (those with a manifest; a
+    broken one is left for a person to look at) and stale temporary directories; returns
+    what was deleted."""
+    root = Path(root)
+    complete = sorted((p for p in _step_dirs(root) if (p / MANIFEST).is_file()), key=step_of)
+    doomed = complete[:-keep_last] + sorted(root.glob(".step_*.tmp"))
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def mirror(source: Path, target: Path) -> None:
+    """`target` becomes a copy of `source` made of hard links (no second copy of the weights
+    on disk; a plain copy where links are not possible), replaced atomically."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, copy_function=_link_or_copy)
+    replace_dir(tmp, target)
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Put `staging` at `final`. A rename is atomic; replacing an existing directory needs
+    two, so a crash in between leaves the previous contents at `final`.old, never a mix."""
+    staging, final = Path(staging), Path(final)
+    previous = final.with_name(final.name + ".old")
+    shutil.rmtree(previous, ignore_errors=True)
+    if final.exists():
+        os.rename(final, previous)
+    os.rename(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+
+
+def _write_manifest(directory: Path, step: int) -> None:
+    files = {}
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        name = file.relative_to(directory).as_posix()
+        if name != MANIFEST:
+            files[name] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+    path = directory / MANIFEST
+    with open(path, "w") as f:
+        json.dump({"format": FORMAT, "step": step, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())  # the manifest vouches for the rest: it must reach the disk
+    _fsync(directory)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(directory: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable; not every OS allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,0 +1,208 @@
+"""The controller's side of a run checkpoint: everything the loop needs to go on exactly where
+it stopped, taken at a step boundary and written without pickle.
+
+Kept: the version and version window, the replay buffer (its groups with token ids, log-probs,
+versions and rewards: tensors in safetensors, the rest JSON), the ledger, the data position
+(epoch, prompts drawn from its permutation, prompts drawn and not yet handed out), the group id
+counter, the reward-error count, the step metrics so far, and this process's RNG state.
+
+Not kept, on purpose: groups still generating, or collected and not yet trained, at the
+checkpoint. Their output is not saved; a resume puts them back in the queue under their own
+ids (`Ledger.requeue_lost`) to be generated again on the restored policy before any new
+prompt, so none is lost and none is trained twice as fresh. Also not kept (they restart): the
+bucket router's and adaptive scheduler's learned statistics, the elastic pool (every worker
+starts in rollout), and the environments' counters.
+
+`capture` does not await, so no generation result can change the state while it is taken.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..engines.inference.base import GenerationResult
+from ..errors import ConfigError
+from .ledger import State
+from .trajectory import Group, Trajectory
+
+# In a checkpoint beside the trainer's files: a directory of their own (the checkpoint's root is
+# an HF model directory, whose *.safetensors are the weights), and the ledger at the top, where
+# it has always been
+STATE_DIR = "run_state"
+STATE_FILE = f"{STATE_DIR}/state.json"
+TENSOR_FILE = f"{STATE_DIR}/tensors.safetensors"
+LEDGER_FILE = "ledger.json"
+FORMAT = 1
+# GenerationResult's per-token lists, stored as flat tensors; every other field goes to JSON
+_RAGGED = {"prompt_ids": torch.int64, "token_ids": torch.int64, "logprobs": torch.float64,
+           "versions": torch.int64, "loss_mask": torch.int64}
+_UNFINISHED = (State.QUEUED, State.GENERATING, State.COLLECTED)
+
+
+@dataclass
+class RunState:
+    meta: dict[str, Any]  # JSON
+    ledger: dict[str, Any]  # Ledger.to_dict()
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+
+def capture(controller) -> RunState:
+    """The controller's state now, between two steps."""
+    replay = controller.replay.state()
+    groups, tensors = _pack_groups([entry["group"] for entry in replay["entries"]])
+    replay["entries"] = [{**entry, "group": group}
+                         for entry, group in zip(replay["entries"], groups)]
+    next_id = next(controller._ids)  # a count cannot be read without taking a value: put it back
+    controller._ids = itertools.count(next_id)
+    version, internal, gauss = random.getstate()
+    tensors["rng.torch"] = torch.get_rng_state()
+    meta = {"format": FORMAT, "step": controller.history[-1]["step"],
+            "seed": controller.settings.seed,
+            "data": {"fingerprint": controller.train_prompts.fingerprint,
+                     **controller.prompt_queue.state()},
+            "window": controller.window.state(), "replay": replay, "next_group_id": next_id,
+            "reward_errors": controller.reward.errors, "history": list(controller.history),
+            "rng": {"python": [version, list(internal), gauss]}}
+    return RunState(meta, controller.ledger.to_dict(), tensors)
+
+
+def write(directory: Path, state: RunState) -> None:
+    directory = Path(directory)
+    (directory / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    save_file({name: t.contiguous() for name, t in state.tensors.items()},
+              directory / TENSOR_FILE)
+    (directory / LEDGER_FILE).write_text(json.dumps(state.ledger))
+    (directory / STATE_FILE).write_text(json.dumps(state.meta))
+
+
+def read(directory: Path) -> RunState:
+    directory = Path(directory)
+    meta = json.loads((directory / STATE_FILE).read_text())
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"'{directory}': run state format {meta.get('format')!r}, this "
+                          f"version of Eddy reads format {FORMAT}")
+    return RunState(meta, json.loads((directory / LEDGER_FILE).read_text()),
+                    load_file(directory / TENSOR_FILE))
+
+
+def restore(controller, state: RunState) -> list[str]:
+    """Put a freshly built controller in `state`; returns the ids of the groups requeued to
+    be generated again (see the module docstring). Call before `controller.run()`, which then
+    publishes the restored version's weights (the trainer must already hold them)."""
+    meta = state.meta
+    _check_same_data(controller, meta)
+    controller.ledger.restore(state.ledger)
+    controller.window.restore(meta["window"])
+    groups = _unpack_groups([e["group"] for e in meta["replay"]["entries"]], state.tensors)
+    controller.replay.restore({**meta["replay"], "entries": [
+        {**entry, "group": group} for entry, group in zip(meta["replay"]["entries"], groups)]})
+    controller.prompt_queue.restore(meta["data"])
+    controller._ids = itertools.count(meta["next_group_id"])
+    controller.reward.errors = meta["reward_errors"]
+    controller.history[:] = meta["history"]
+    version, internal, gauss = meta["rng"]["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state.tensors["rng.torch"])
+    return _requeue_unfinished(controller, state)
+
+
+def _check_same_data(controller, meta: dict[str, Any]) -> None:
+    """A data position means nothing for other prompts or another seed's permutation."""
+    if meta["seed"] != controller.settings.seed:
+        raise ConfigError(f"config key 'seed' = {controller.settings.seed} but the checkpoint "
+                          f"was written with seed = {meta['seed']}; the prompt order depends on "
+                          "it, so resume with the same seed")
+    if meta["data"]["fingerprint"] != controller.train_prompts.fingerprint:
+        raise ConfigError("the training prompts differ from the checkpoint's (data.* keys, "
+                          "the model's tokenizer or the data files changed); its position in "
+                          "the data means nothing for other prompts: resume with the same data")
+
+
+def _requeue_unfinished(controller, state: RunState) -> list[str]:
+    """Groups not trained at the checkpoint go back to the queue, in the order they were
+    first queued, ahead of any new prompt."""
+    requeued = []
+    for group_id, record in state.ledger["groups"].items():
+        last = State(record["history"][-1]["state"])
+        if last not in _UNFINISHED:
+            continue
+        if last is not State.QUEUED:
+            controller.ledger.requeue_lost(
+                group_id, f"resumed from the checkpoint of step {state.step}, which does not "
+                "keep untrained output: generated again")
+        prompt = controller.train_prompts.prompts[record["prompt_index"]]
+        controller._requeued.append(Group(group_id, prompt.prompt, prompt.answer,
+                                          list(prompt.prompt_ids), controller.version))
+        requeued.append(group_id)
+    return requeued
+
+
+# -- groups <-> JSON + flat tensors ------------------------------------------------------------
+
+def _pack_groups(groups: list[Group]) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Each group's scalars as JSON; every per-token list concatenated into one tensor per
+    field (`replay.<field>`) with the lengths beside it (`replay.<field>.lengths`)."""
+    ragged: dict[str, list[list]] = {"group_prompt_ids": [], **{name: [] for name in _RAGGED}}
+    metas = []
+    for group in groups:
+        ragged["group_prompt_ids"].append(group.prompt_ids)
+        trajectories = []
+        for trajectory in group.trajectories:
+            result = trajectory.result
+            for name in _RAGGED:
+                ragged[name].append(getattr(result, name) or [])
+            trajectories.append({
+                **{f.name: getattr(trajectory, f.name) for f in fields(Trajectory)
+                   if f.name != "result"},
+                "result": {f.name: getattr(result, f.name) for f in fields(GenerationResult)
+                           if f.name not in _RAGGED},
+                "has_loss_mask": result.loss_mask is not None})
+        metas.append({**{f.name: getattr(group, f.name) for f in fields(Group)
+                         if f.name not in ("prompt_ids", "trajectories")},
+                      "trajectories": trajectories})
+    tensors = {}
+    for name, rows in ragged.items():
+        dtype = _RAGGED.get(name, torch.int64)
+        tensors[f"replay.{name}"] = torch.tensor([x for row in rows for x in row], dtype=dtype)
+        tensors[f"replay.{name}.lengths"] = torch.tensor([len(row) for row in rows],
+                                                         dtype=torch.int64)
+    return metas, tensors
+
+
+def _unpack_groups(metas: list[dict], tensors: dict[str, torch.Tensor]) -> list[Group]:
+    rows = {name: _split(tensors[f"replay.{name}"], tensors[f"replay.{name}.lengths"])
+            for name in ("group_prompt_ids", *_RAGGED)}
+    groups = []
+    for meta in metas:
+        trajectories = []
+        for saved in meta["trajectories"]:
+            lists = {name: next(rows[name]) for name in _RAGGED}
+            if not saved["has_loss_mask"]:
+                lists["loss_mask"] = None
+            result = GenerationResult(**saved["result"], **lists)
+            trajectories.append(Trajectory(result, **{k: v for k, v in saved.items()
+                                                      if k not in ("result", "has_loss_mask")}))
+        scalars = {k: v for k, v in meta.items() if k != "trajectories"}
+        groups.append(Group(**scalars, prompt_ids=next(rows["group_prompt_ids"]),
+                            trajectories=trajectories))
+    return groups
+
+
+def _split(flat: torch.Tensor, lengths: torch.Tensor):
+    """Rows of `flat` as Python lists, one per length, in order."""
+    offset = 0
+    for length in lengths.tolist():
+        yield flat[offset:offset + length].tolist()
+        offset += length

@@ -1,0 +1,111 @@
+"""The controller's state in a run checkpoint (`core/run_state.py` and the `state`/`restore`
+of the objects it covers): replay groups round-trip exactly through safetensors + JSON, the
+prompt queue goes on where it stopped, the window and replay buffer come back, the ledger
+requeues untrained groups only on a resume, and other data or another seed is refused."""
+
+import pytest
+
+from eddyrl.core import run_state
+from eddyrl.core.ledger import Ledger, LedgerError, State
+from eddyrl.core.replay import ReplayBuffer, ReplayConfig
+from eddyrl.core.trajectory import Group, Trajectory
+from eddyrl.core.version_window import VersionWindow, VersionWindowError
+from eddyrl.engines.inference.base import GenerationResult
+from eddyrl.errors import ConfigError
+from eddyrl.tasks.prompts import Prompt, PromptQueue, PromptSet
+
+
+def _prompts(count=10):
+    return PromptSet([Prompt(i, f"p{i}", str(i), (1, 2, i)) for i in range(count)], 0)
+
+
+def _group(name, with_mask):
+    results = [GenerationResult(f"{name}-{s}", [1, 2, 3], [5 + s, 6, 7][:2 + s],
+                                [-0.1234567890123, -1e-30, -7.5][:2 + s], [3] * (2 + s),
+                                "stop" if s else "length",
+                                loss_mask=[1, 0, 1][:2 + s] if with_mask else None)
+               for s in range(2)]
+    return Group(name, "prompt text", "42", [1, 2, 3], dispatch_version=3,
+                 trajectories=[Trajectory(results[0], 1.0),
+                               Trajectory(results[1], 0.1 + 0.2, reward_error="boom")])
+
+
+def test_replay_groups_round_trip_exactly_without_pickle(tmp_path):
+    groups = [_group("g1", with_mask=False), _group("g2", with_mask=True), Group("g3", "", "",
+                                                                                 [], 0)]
+    metas, tensors = run_state._pack_groups(groups)
+    state = run_state.RunState({"format": 1, "step": 4, "groups": metas}, {"step": 4,
+                                                                          "groups": {}}, tensors)
+    run_state.write(tmp_path, state)
+    back = run_state.read(tmp_path)
+    assert run_state._unpack_groups(back.meta["groups"], back.tensors) == groups
+
+
+def test_the_prompt_queue_goes_on_where_it_stopped():
+    straight = PromptQueue(_prompts(), batch_size=4, seed=7)
+    resumed = PromptQueue(_prompts(), batch_size=4, seed=7)
+    first = straight.take(3) + straight.take(8)  # an epoch boundary, prompts left pending
+    resumed.restore(straight.state())
+    assert straight.state()["pending"] and straight.state()["epoch"] == 1
+    key = lambda drawn: [(epoch, prompt.index) for epoch, prompt in drawn]
+    assert key(resumed.take(17)) == key(straight.take(17))
+    assert sorted(p.index for e, p in first if e == 0) == list(range(10))
+
+
+def test_window_and_replay_buffer_restore_their_state():
+    window = VersionWindow(max_staleness=1, batch_groups=2, max_concurrent=4)
+    for g in "abcd":
+        window.dispatch(g)
+    window.collect("a"), window.collect("b"), window.collect("c")
+    assert window.take_batch() == ["a", "b"]
+    window.advance()  # "c" collected and "d" running: a resume generates both again
+    fresh = VersionWindow(max_staleness=1, batch_groups=2, max_concurrent=4)
+    fresh.restore(window.state())
+    assert (fresh.version, fresh.accepted, fresh.running) == (1, 2, 0)
+    with pytest.raises(VersionWindowError, match="cannot restore"):
+        window.restore(fresh.state())
+
+    config = ReplayConfig(max_fraction=0.5, max_lag=2, capacity=2)
+    buffer = ReplayBuffer(config)
+    for i, version in enumerate((0, 1, 1)):  # the third add evicts the first (capacity)
+        buffer.add(_group(f"g{i}", True), version, informative=i != 1)
+    buffer.select(2, trainer_version=2)
+    copy = ReplayBuffer(config)
+    copy.restore(buffer.state())
+    assert copy.state() == buffer.state() and copy.stats() == buffer.stats()
+    assert [g.group_id for g, _ in copy.select(2, 3)] == [g.group_id for g, _ in
+                                                         buffer.select(2, 3)]
+
+
+def test_only_a_resume_requeues_a_collected_group():
+    ledger = Ledger()
+    ledger.queue("g", 0, 0)
+    ledger.start("g", 1, 0)
+    ledger.collect("g")
+    with pytest.raises(LedgerError, match="collected -> queued"):
+        ledger.requeue("g", "worker died")  # a worker failure never loses collected output
+    ledger.requeue_lost("g", "resumed")
+    ledger.start("g", 0, 1)
+    ledger.collect("g")
+    ledger.train_fresh("g", 2)
+    assert [e.state for e in ledger.history("g")].count(State.TRAINED_FRESH) == 1
+    assert ledger.check_exactly_once([0], 0).ok
+
+
+class _Settings:
+    seed = 1
+
+
+class _Controller:  # what `_check_same_data` reads
+    settings = _Settings()
+    train_prompts = _prompts()
+
+
+def test_a_resume_refuses_another_seed_or_other_data():
+    meta = {"seed": 1, "data": {"fingerprint": _prompts().fingerprint}}
+    run_state._check_same_data(_Controller(), meta)
+    with pytest.raises(ConfigError, match="config key 'seed' = 1 .* seed = 2"):
+        run_state._check_same_data(_Controller(), {**meta, "seed": 2})
+    with pytest.raises(ConfigError, match="training prompts differ"):
+        run_state._check_same_data(_Controller(), {**meta, "data": {
+            "fingerprint": _prompts(11).fingerprint}})

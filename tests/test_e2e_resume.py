@@ -1,0 +1,75 @@
+"""`eddy train` stopped and resumed on a local Ray with the tiny model: 2 steps with a checkpoint
+after each, then `resume=auto` to 3. The resumed trainer holds exactly the saved weights and
+optimizer state, the groups still in flight at the end of the first run are generated again,
+and the ledger shows every prompt group trained once as fresh across the restart."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+RUN = ["loop.batch_prompts=4", "loop.eval_every=0", "rollout.n_samples=4",
+       "rollout.max_new_tokens=16", "data.train_size=32", "data.eval_size=4",
+       "cluster.threads_per_worker=1", "data.reward_fn=reward_fixtures:length_reward",
+       "algorithm.dynamic_sampling=false", "algorithm.max_staleness=1", "checkpoint.every=1"]
+
+
+def _safetensors(directory):
+    tensors = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(directory, name)))
+    return tensors
+
+
+@pytest.mark.slow
+def test_train_then_resume_auto_continues_exactly(tiny_model_dir, tmp_path, monkeypatch):
+    import ray
+
+    from eddyrl.config import load_config
+    from eddyrl.core.ledger import Ledger, State
+    from eddyrl.launch import train
+
+    def run(*overrides):
+        config = load_config(overrides=[f"model.path={tiny_model_dir}", f"run_dir={tmp_path}",
+                                        "platform=cpu", *RUN, *overrides])
+        return json.loads(train(config).read_text())
+
+    # Ray takes ~15 s to start on a 2-core machine: the second run reuses the first's.
+    with monkeypatch.context() as patch:
+        patch.setattr(ray, "shutdown", lambda: None)
+        first = run("loop.steps=2")
+    try:
+        # A tiny learning rate leaves the weights exactly as loaded (Adam's step is ~1e-30):
+        # the model after step 3 is then the model the resumed trainer started from.
+        second = run("loop.steps=3", "resume=auto", "train.lr=1e-30")
+    finally:
+        ray.shutdown()
+
+    checkpoints = tmp_path / "checkpoints"
+    step2, step3 = checkpoints / "step_000002", checkpoints / "step_000003"
+    assert first["steps"] == 2 and first["resumed_from"] is None
+    assert second["steps"] == 3 and second["resumed_from"] == str(step2)
+    assert second["requeued_groups"] == 4  # K = 1: the next batch was in flight at the end
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000003"]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3] and lines[-1]["mismatch_abs_max"] < 1e-4
+
+    saved, after = _safetensors(step2), _safetensors(step3)
+    initial = _safetensors(tiny_model_dir)
+    assert all(torch.equal(after[name], saved[name]) for name in saved)
+    assert any(not torch.equal(saved[name], initial[name]) for name in saved)  # it had trained
+    optimizer = _safetensors(step3 / "optim")  # Adam's step counters: 2 restored, then 1 more
+    assert {float(t) for name, t in optimizer.items() if name.endswith(".step")} == {3.0}
+
+    ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
+    counts = ledger.fresh_train_counts_by_prompt(0)
+    assert sum(counts.values()) == 3 * 4 and set(counts.values()) <= {0, 1}
+    requeued = [gid for gid in json.loads((step3 / "ledger.json").read_text())["groups"]
+                if any(e.reason and "resumed" in e.reason for e in ledger.history(gid))]
+    assert len(requeued) == 4
+    assert all(ledger.history(gid)[-1].step == 3 and State.TRAINED_FRESH in
+               [e.state for e in ledger.history(gid)] for gid in requeued)
