@@ -11,3 +11,13 @@ class ConfigError(EddyError, ValueError):
 
 class PlatformError(EddyError, RuntimeError):
     """A platform is unknown, not installed, or not present on this machine."""
+
+
+class WorkerLost(EddyError, RuntimeError):
+    """A rollout worker's process is gone (killed, crashed, its node lost). The rollout puts its
+    requests back and the runtime replaces the worker; the run goes on."""
+
+    def __init__(self, worker: int, what: str, cause: str = "") -> None:
+        super().__init__(f"rollout worker {worker} was lost during {what}"
+                         + (f": {cause}" if cause else ""))
+        self.worker = worker

@@ -176,14 +176,16 @@ class EpisodeTurns:
             self._fail(exc)
 
     def _place_next_turn(self, request_id: str, request: _Request) -> bool:
-        """C1 between turns: the next turn stays on its worker if that still hosts the
-        episode's version (or the version is the latest, which the worker switches to); else
+        """C1 between turns: the next turn stays on its worker if that is still available (not
+        lost, not lent to training) and hosts the episode's version (or the version is the
+        latest, which the worker switches to); else
         it goes to another host of the version, picked by the orchestrator as for any request
         of it and moved like a migration. With no host left the episode starts over on the
         latest version (False: nothing to resume)."""
         orchestrator = self.orchestrator
-        if self.partial_rollout or \
-                request.version in (orchestrator.hosted[request.worker], orchestrator.latest):
+        if orchestrator.available[request.worker] and (self.partial_rollout or request.version
+                                                        in (orchestrator.hosted[request.worker],
+                                                            orchestrator.latest)):
             return True
         if orchestrator.hosts_now(request.version):
             target = orchestrator.pick(request.version)

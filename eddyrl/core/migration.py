@@ -12,6 +12,9 @@ the orchestrator's book of which worker hosts which version.
 - `_restart`: the last resort when a request's version is gone from every worker (an engine
   refused it, or an episode's next turn found no host): C1 forbids finishing it on other
   weights, so it is regenerated from scratch on the latest version.
+- `worker_lost`: a worker's process died with the requests it ran; they are regenerated the
+  same way, and the runtime replaces the worker, which takes work again once the next weight
+  sync has reached it.
 
 Aborts and resumes of one moment are sent as one call per worker (`_flush`). A mixin: the
 state (requests, counters, queues) is `StreamingRollout`'s; `_launch_all`, `_request`,
@@ -24,12 +27,16 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ..engines.inference.base import GenerationRequest, GenerationResult
+from ..errors import WorkerLost
 from .orchestrator import VersionOrchestrator
 
 if TYPE_CHECKING:
     from ..scheduler.buckets import BucketRouter
     from .episodes import Episodes
     from .rollout import _Request
+
+
+LOST = "worker_lost"  # the reason a lost worker's requests restart (ledger, episode metrics)
 
 
 class RolloutMigration:
@@ -46,6 +53,13 @@ class RolloutMigration:
     migrated: int
     restarted: int
     routed: int
+    regenerated: int
+    workers_lost: int
+    _incarnation: dict[int, int]
+    _replacing: set[int]
+    _parked: list[str]
+    _replaced: dict[int, int]
+    ledger: Any
 
     # -- versions ------------------------------------------------------------------------------
 
@@ -54,7 +68,12 @@ class RolloutMigration:
         Requests still queued for an older staged version will start on this one (the engine
         applies the newest staged weights); their group keeps its dispatch version for the
         window, which only makes the staleness bound more conservative."""
+        # -1: a worker being replaced (the runtime does not know its weights yet)
+        hosted = [h if h >= 0 else self.orchestrator.hosted[w] for w, h in enumerate(hosted)]
         self.orchestrator.published(version, hosted)
+        for worker in [w for w, v in self._replaced.items() if v <= version]:
+            self._replacing.discard(worker)  # replaced with weights this rollout now knows
+            self.take_back(worker, max(self._replaced.pop(worker), hosted[worker]))
         if self.partial_rollout:  # running requests go on with the new weights
             self.orchestrator.adopt_latest()
         for request in self._requests.values():
@@ -116,24 +135,41 @@ class RolloutMigration:
         return sum(self.orchestrator.pending[worker].values())
 
     def take_back(self, worker: int, hosted_version: int) -> None:
-        """`worker` is a rollout worker again, hosting `hosted_version`."""
+        """`worker` is a rollout worker again, hosting `hosted_version`; requests waiting for
+        any worker (all were lost) start now."""
         self.orchestrator.hosted[worker] = hosted_version
         self.orchestrator.set_available(worker, True)
+        parked, self._parked = self._parked, []
+        for request_id in parked:
+            self._place_again(request_id, self._requests[request_id])
 
     # -- restarts and routed moves -------------------------------------------------------------
 
     def _restart(self, request: _Request, request_id: str, reason: str) -> None:
         """The request's version is gone (`reason`: "refused", its worker's engine no longer
         had the weights, the book being behind it; "version_retired", no worker hosted it any
-        more when an episode's next turn came). C1 forbids finishing it on other weights, so it
-        is regenerated from scratch on the latest version: one version per trajectory, no
-        sample lost. Its group keeps its dispatch version in the window, which only makes the
-        staleness bound conservative."""
+        more when an episode's next turn came; `LOST`, its worker's process died). C1 forbids
+        finishing it on other weights, so it is regenerated from scratch on the latest version:
+        one version per trajectory, no sample lost. Its group keeps its dispatch version in the
+        window, which only makes the staleness bound conservative. With no worker available
+        (all lost), it waits for a replacement (`take_back`)."""
         self.orchestrator.finished(request.worker, request.version)
-        request.version = self.orchestrator.latest
         if request.episode is not None:  # an episode restarts too, in a fresh environment
             self._track(self.episodes.close(request.episode))
             request.episode = self.episodes.restart(request.episode, reason)
+        if reason == LOST:
+            self.regenerated += 1
+        else:
+            self.restarted += 1
+        if not any(self.orchestrator.available):
+            self._parked.append(request_id)
+            return
+        self._place_again(request_id, request)
+
+    def _place_again(self, request_id: str, request: _Request) -> None:
+        """Start the request from scratch on the latest version, where the router or the
+        orchestrator puts a new one."""
+        request.version = self.orchestrator.latest
         if self.router is not None:  # from scratch: a new path, from the smallest bucket
             self.router.cancel(request_id)
             request.worker = self.router.start(request_id, request.group.prompt,
@@ -142,7 +178,6 @@ class RolloutMigration:
         else:
             request.worker = self.orchestrator.pick(request.version)
         self.orchestrator.dispatched(request.worker, request.version)
-        self.restarted += 1
         self._launch_all({request.worker: [self._request(
             request_id, request.group.prompt_ids, request.sampling, request.version,
             request.priority)]})
@@ -176,7 +211,17 @@ class RolloutMigration:
 
     def _queue_resume(self, request: _Request, partial: GenerationResult) -> None:
         """Continue the request on its worker from `partial`'s tokens (a migration's abort, or
-        an episode's transcript), batched per worker with the others of this moment."""
+        an episode's transcript), batched per worker with the others of this moment. A worker
+        lost since the move was decided is replaced by another host of the version, if any;
+        else the request starts over."""
+        if request.worker in self._replacing:
+            hosts = self.orchestrator.hosts_now(request.version)
+            if not hosts:
+                self._restart(request, partial.request_id, LOST)
+                return
+            target = self.orchestrator.pick(request.version)
+            self.orchestrator.moved(request.worker, target, request.version)
+            request.worker = target
         self._resume.setdefault(request.worker, []).append(self._request(
             partial.request_id, partial.prompt_ids, request.sampling, request.version,
             request.priority, partial))
@@ -198,7 +243,73 @@ class RolloutMigration:
             self._track(self._abort_on(worker, ids))
 
     async def _abort_on(self, worker: int, request_ids: list[str]) -> None:
+        incarnation = self._incarnation.get(worker, 0)
         try:
             await self.runtime.abort(worker, request_ids)
+        except WorkerLost as lost:
+            if self._incarnation.get(worker, 0) == incarnation:
+                self._absorb_loss(worker, lost)
         except BaseException as exc:  # surfaced to whoever waits next
             self._fail(exc)
+
+    # -- lost workers --------------------------------------------------------------------------
+
+    def _absorb_loss(self, worker: int, lost: WorkerLost) -> None:
+        try:
+            self.worker_lost(worker, str(lost))
+        except BaseException as exc:  # surfaced to whoever waits next
+            self._fail(exc)
+
+    def worker_lost(self, worker: int, reason: str) -> None:
+        """`worker`'s process is gone, with the requests it ran and their partial output. Each
+        is regenerated from scratch on another worker (C1; on the latest version, as any
+        restart; its group keeps its dispatch version in the window); a request whose abort
+        it never answered is regenerated too; one on its way to it goes elsewhere when its
+        partial output arrives (`_queue_resume`); an episode between turns takes its next turn
+        elsewhere (its transcript is here). The ledger records each affected group's requeue.
+        The runtime then replaces the worker; it gets work again once a weight sync reaches
+        it (`published`)."""
+        self._incarnation[worker] = self._incarnation.get(worker, 0) + 1
+        self.workers_lost += 1
+        self.orchestrator.set_available(worker, False, lost=True)
+        self._replacing.add(worker)
+        self._resume.pop(worker, None)  # never sent: regenerated below with the rest
+        self._abort.pop(worker, None)
+        lost = []
+        for request_id, request in list(self._requests.items()):
+            if request.worker != worker:
+                continue
+            if request.moving_to is not None:  # counted on its target already
+                request.worker, request.moving_to = request.moving_to, None
+                lost.append((request_id, request))
+            elif request.episode is None or not request.episode.stepping:
+                lost.append((request_id, request))
+        groups = {}
+        for request_id, request in lost:
+            self._restart(request, request_id, LOST)
+            if request.track:
+                groups[request.group.group_id] = request
+        for group_id, request in groups.items():
+            self.ledger.requeue(group_id, f"rollout worker {worker} lost: {reason}")
+            self.ledger.start(group_id, request.worker, request.group.dispatch_version)
+        self._track(self._replace(worker, reason))
+
+    async def _replace(self, worker: int, reason: str) -> None:
+        """Have the runtime start a new process for `worker`; it comes back with the weights
+        of the version the runtime last published (if this rollout has not heard of that
+        version yet, `published` takes it back)."""
+        replace = getattr(self.runtime, "replace_worker", None)
+        if replace is None:
+            self._fail(WorkerLost(worker, "generation", f"{reason}; this runtime cannot "
+                                  "replace workers"))
+            return
+        try:
+            version = await replace(worker)
+        except BaseException as exc:  # surfaced to whoever waits next
+            self._fail(exc)
+            return
+        if version <= self.orchestrator.latest:
+            self._replacing.discard(worker)
+            self.take_back(worker, version)
+        else:
+            self._replaced[worker] = version

@@ -139,10 +139,10 @@ class VersionOrchestrator:
             raise ValueError(f"expected {self.num_workers} KV usages, got {len(usage)}")
         self.kv_usage = [float(u) for u in usage]
 
-    def set_available(self, worker: int, available: bool) -> None:
+    def set_available(self, worker: int, available: bool, *, lost: bool = False) -> None:
         """Lend a worker to training (no new requests; `plan` evacuates its running ones) or
-        take it back."""
-        if not available and sum(self.available) == 1 and self.available[worker]:
+        take it back; `lost`: its process died (even the last worker goes, until replaced)."""
+        if not available and not lost and sum(self.available) == 1 and self.available[worker]:
             raise ValueError(f"worker {worker} is the last rollout worker; it cannot leave")
         self.available[worker] = available
 

@@ -25,7 +25,8 @@ between workers (versions published, DORA's consolidation, the router's moves, r
 mixins of `StreamingRollout`, which owns all the state.
 
 Generation runs as background tasks, one per (worker, call); a failure in one is re-raised to
-whoever waits next, with the worker's name from the runtime's error.
+whoever waits next, with the worker's name from the runtime's error, except the loss of a
+worker's process (`WorkerLost`), which `migration.RolloutMigration.worker_lost` absorbs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..errors import WorkerLost
 from ..scheduler.buckets import BucketRouter
 from .episodes import EpisodeRun, Episodes, EpisodeTurns
 from .ledger import Ledger
@@ -92,6 +94,15 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
     _progress: asyncio.Event | None = None
     _waiters: dict[str, asyncio.Future] = field(default_factory=dict)  # generate_now groups
     _expected: dict[str, int] = field(default_factory=dict)  # generate_now group -> responses
+    # per worker: how many times its process was lost (results of a lost incarnation that are
+    # still on their way are dropped: their requests were put back already)
+    _incarnation: dict[int, int] = field(default_factory=dict)
+    _replacing: set[int] = field(default_factory=set)  # lost workers not back yet
+    # replaced workers whose version this rollout has not been told of yet (`published`)
+    _replaced: dict[int, int] = field(default_factory=dict)
+    _parked: list[str] = field(default_factory=list)  # requests waiting for any worker
+    workers_lost: int = 0
+    regenerated: int = 0  # requests regenerated because their worker was lost
     migrated: int = 0  # requests moved between workers, in all
     restarted: int = 0  # trajectories regenerated because their version's weights were gone
     routed: int = 0  # of `migrated`: moved by the bucket router to another bucket
@@ -187,9 +198,15 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
     # -- results -------------------------------------------------------------------------------
 
     async def _stream(self, worker: int, requests: list[GenerationRequest]) -> None:
+        incarnation = self._incarnation.get(worker, 0)
         try:
             async for result in self.runtime.generate(worker, requests):
+                if self._incarnation.get(worker, 0) != incarnation:
+                    return  # the worker was lost meanwhile; its requests run elsewhere now
                 self._on_result(worker, result)
+        except WorkerLost as lost:
+            if self._incarnation.get(worker, 0) == incarnation:
+                self._absorb_loss(worker, lost)
         except BaseException as exc:  # surfaced to whoever waits next
             self._fail(exc)
 

@@ -12,16 +12,20 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ..config import EddyConfig
 from ..core.batch import TrainBatch
 from ..core.batching import split_for_ranks
-from ..engines.inference.base import GenerationRequest, GenerationResult
-from ..errors import EddyError
+from ..engines.inference.base import EngineStats, GenerationRequest, GenerationResult
+from ..errors import EddyError, WorkerLost
 from ..hal import get_platform
 from .placement import role_platform_name
-from .workers import RolloutWorker, TrainerRank
+from .ray_placement import actor_options, check_split_devices, colocation_group
+from .workers import RolloutWorker, TrainerRank, weight_group_layout
+
+
+REPLACEMENT_ATTEMPTS = 3  # new processes tried for a lost rollout worker before giving up
 
 
 class WorkerCallError(EddyError, RuntimeError):
@@ -44,11 +48,6 @@ def start_ray(config: EddyConfig) -> None:
         ray.init(address=config.cluster.address, logging_level="WARNING")
 
 
-def _actor_options(platform_name: str, cpus: float) -> dict[str, Any]:
-    platform = get_platform(platform_name, require_available=False)
-    return {"num_cpus": cpus, **platform.ray_actor_resources(1.0)}
-
-
 class RayRuntime:
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
         import ray
@@ -66,15 +65,42 @@ class RayRuntime:
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
                                                dir=os.path.abspath(work_dir))
         init_method = f"file://{self.rendezvous_dir}/trainer_group"
+        # Colocated: rollout worker i and trainer rank i take turns on device i (half of it
+        # each as far as Ray is concerned; really all of it, one role at a time).
+        self.colocated = config.cluster.placement == "colocated"
+        self._group = colocation_group(config, train_platform, cpus) if self.colocated \
+            else None
+        if not self.colocated and config.cluster.address is None:
+            check_split_devices(config, {"train": train_platform, "rollout": rollout_platform})
+        share = 0.5 if self.colocated else 1.0
+        self._switch_s = 0.0  # colocated hand-over time not yet reported in a step's metrics
         trainer_cls = ray.remote(TrainerRank)
-        self.trainers = [trainer_cls.options(**_actor_options(train_platform, cpus),
+        self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
+                                                              self._group, rank),
                                              name=None).remote(config, rank, world, init_method,
                                                                model_path)
                          for rank in range(world)]
-        worker_cls = ray.remote(RolloutWorker)
-        self.workers = [worker_cls.options(**_actor_options(rollout_platform, cpus))
-                        .remote(config, index, model_path)
-                        for index in range(config.rollout.num_workers)]
+        if self.colocated:
+            # The trainers' state waits in host memory before the engines sharing their
+            # devices start, so each engine sizes its KV cache on a free device.
+            ray.get([t.offload.remote() for t in self.trainers], timeout=self.timeout_s)
+        # Rollout workers are named `rollout-<index>.<incarnation>` (the incarnation counts
+        # replacements after a loss): `ray list actors` shows which is which.
+        self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
+            name=f"rollout-{index}.{incarnation}",
+            **actor_options(rollout_platform, cpus, share, self._group, index)
+        ).remote(config, index, model_path)
+        self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
+        self._incarnations = [0] * len(self.workers)
+        self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
+        # The trainer's weights are ahead of the published version from a train step until its
+        # sync; a replacement's weight export waits for them to be published, and a train step
+        # waits for an export under way (`_exporting`).
+        self._weights: asyncio.Condition | None = None  # created on the run's loop
+        self._ahead = False
+        self._exporting = False
+        self._published = 0
+        self._channel_generation = 0
         self._connect_weight_channel()
 
     # ---- calls with names and deadlines ----------------------------------------------------
@@ -92,16 +118,89 @@ class RayRuntime:
     async def _all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
         return await asyncio.gather(*(self._call(*c) for c in calls))
 
-    def _connect_weight_channel(self) -> None:
+    async def _rollout_call(self, worker: int, what: str, call: Callable[[Any], Any]) -> Any:
+        """`call(actor)` on a rollout worker, its process's death raised as `WorkerLost` (the
+        rollout puts its requests back and has it replaced) rather than a run-ending error."""
         import ray
 
+        if worker in self._lost:
+            raise WorkerLost(worker, what, "it is being replaced")
+        try:
+            return await self._call(f"rollout worker {worker}", what,
+                                    call(self.workers[worker]))
+        except WorkerCallError as exc:
+            if isinstance(exc.__cause__, ray.exceptions.RayActorError):
+                raise WorkerLost(worker, what, str(exc.__cause__).splitlines()[0]) from exc
+            raise
+
+    def _condition(self) -> asyncio.Condition:
+        if self._weights is None:  # bound to the loop the controller runs on
+            self._weights = asyncio.Condition()
+        return self._weights
+
+    def _connect_weight_channel(self) -> None:
+        """Open the weight channel between trainer rank 0 and every rollout worker. A worker
+        found dead meanwhile is marked lost (its next call tells the rollout); a collective
+        group cannot form without it, so there that is an error."""
+        import ray
+
+        kind = self._weight_channel_kind()
+        # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
+        # process of its engine where the engine takes the broadcast itself (vLLM's workers).
+        ranks = self._each_worker([w.weight_ranks.remote(kind) for w in self.workers], kind, 1)
+        offsets, world = weight_group_layout(ranks)
+        # a new file per connection: a replaced worker rebuilds the group for every member
+        rendezvous = f"file://{self.rendezvous_dir}/weight_channel.{self._channel_generation}"
+        self._channel_generation += 1
+        trainers = [t.connect_weight_channel.remote(kind, rendezvous, 0, world)
+                    for t in self.trainers]
+        self._each_worker([w.connect_weight_channel.remote(kind, rendezvous, offset, world)
+                           for w, offset in zip(self.workers, offsets)], kind, None)
+        ray.get(trainers, timeout=self.timeout_s)
+
+    def _each_worker(self, refs: list[Any], kind: str, default: Any) -> list[Any]:
+        """The results of one call per rollout worker (in worker order), `default` for a worker
+        that died: marked lost, unless the channel is a collective group, which cannot form
+        without it (an error)."""
+        import ray
+
+        results = []
+        for index, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref, timeout=self.timeout_s))
+            except ray.exceptions.RayActorError:
+                if kind == "collective":
+                    raise WorkerCallError(f"rollout worker {index} died while the weight "
+                                          "channel's collective group formed") from None
+                self._lost.add(index)
+                results.append(default)
+        return results
+
+    def _weight_channel_kind(self) -> str:
+        """As configured; colocated roles on one device cannot join one collective (a device
+        appears once per communicator), so there the weights go through host memory."""
         kind = self.config.train.weight_channel
-        world = 1 + len(self.workers)  # trainer rank 0 sends, every rollout worker receives
-        rendezvous = f"file://{self.rendezvous_dir}/weight_channel"
-        refs = [t.connect_weight_channel.remote(kind, rendezvous, 0, world) for t in self.trainers]
-        refs += [w.connect_weight_channel.remote(kind, rendezvous, 1 + i, world)
-                 for i, w in enumerate(self.workers)]
-        ray.get(refs, timeout=self.timeout_s)
+        if self.colocated and kind == "auto":
+            train = get_platform(role_platform_name(self.config, "train"),
+                                 require_available=False)
+            kind = train.weight_channel_kind(train)
+            return "host" if kind == "collective" else kind
+        return kind
+
+    async def _hand_devices_to(self, role: str) -> None:
+        """Colocated turn-taking. To training: every engine finishes and sleeps (KV cache
+        freed, weights off the device), then the trainers' state comes back. To rollout: the
+        trainers' state goes to host memory, then the engines wake."""
+        sleepers = [(f"rollout worker {i}", f"sleep (device to {role})", w.sleep.remote()
+                     if role == "train" else w.wake.remote()) for i, w in enumerate(self.workers)]
+        movers = [(f"trainer rank {r}", f"{'onload' if role == 'train' else 'offload'} "
+                   "(colocated)", t.onload.remote() if role == "train" else t.offload.remote())
+                  for r, t in enumerate(self.trainers)]
+        first, then = (sleepers, movers) if role == "train" else (movers, sleepers)
+        began = self.now()
+        await self._all(first)
+        await self._all(then)
+        self._switch_s += self.now() - began
 
     # ---- what the controller uses ----------------------------------------------------------
     def now(self) -> float:
@@ -111,14 +210,16 @@ class RayRuntime:
                        ) -> AsyncIterator[GenerationResult]:
         """The worker's results one by one as its trajectories finish; the deadline applies to
         each wait for the next result."""
+        if worker in self._lost:
+            raise WorkerLost(worker, "generate", "it is being replaced")
         stream = self.workers[worker].generate.options(num_returns="streaming").remote(requests)
         what = f"generate ({len(requests)} requests)"
         while True:
             try:
-                ref = await self._call(f"rollout worker {worker}", what, stream.__anext__())
+                ref = await self._rollout_call(worker, what, lambda _: stream.__anext__())
             except StopAsyncIteration:
                 return
-            for result in await self._call(f"rollout worker {worker}", what, ref):
+            for result in await self._rollout_call(worker, what, lambda _: ref):
                 yield result
 
     async def train(self, batch: TrainBatch, replicas: list[int] | None = None
@@ -126,6 +227,12 @@ class RayRuntime:
         """One RL step over the trainer ranks and, from the elastic pool, the rollout workers
         in `replicas` (joined and active): rows are split by tokens over all of them; each
         replica's gradients reach the ranks through the object store (no new communicator)."""
+        async with self._condition():  # not while a replacement exports the weights
+            await self._condition().wait_for(lambda: not self._exporting)
+            self._ahead = True
+        if self.colocated:
+            await self._hand_devices_to("train")
+        switch_s, self._switch_s = self._switch_s, 0.0
         replicas = list(replicas or [])
         parts = split_for_ranks(batch, len(self.trainers) + len(replicas))
         total = int(batch.loss_mask.sum())
@@ -140,7 +247,9 @@ class RayRuntime:
                                     f"{replicas})" if replicas else "train_step",
                                     t.train.remote(part, refs or None, replica_tokens))
                                    for r, (t, part) in enumerate(zip(self.trainers, parts))])
-        return _combine_rank_metrics(results)
+        # colocated: the hand-overs since the last step (to rollout after it, to training now)
+        return {**_combine_rank_metrics(results), **({"switch_s": switch_s}
+                                                     if self.colocated else {})}
 
     async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
         """A new generation plan on every rollout worker; returns the versions they host."""
@@ -161,34 +270,139 @@ class RayRuntime:
                                 self.workers[worker].leave_training.remote())
 
     async def abort(self, worker: int, request_ids: list[str]) -> None:
-        await self._call(f"rollout worker {worker}", f"abort ({len(request_ids)} requests)",
-                         self.workers[worker].abort.remote(request_ids))
+        await self._rollout_call(worker, f"abort ({len(request_ids)} requests)",
+                                 lambda actor: actor.abort.remote(request_ids))
 
     async def sync_weights(self, version: int) -> list[int]:
         """Trainer -> every rollout worker, through the channel opened at start-up; returns
-        the version each worker now hosts (a busy one keeps its own, the new one staged)."""
+        the version each worker now hosts (a busy one keeps its own, the new one staged; -1
+        for a worker being replaced, which gets the weights as it comes back)."""
+        hosted = await self._send_weights(version)
+        async with self._condition():
+            self._ahead, self._published = False, version
+            self._condition().notify_all()
+        return hosted
+
+    async def _send_weights(self, version: int) -> list[int]:
         specs = await self._all([(f"trainer rank {r}", "weight export", t.describe_weights.remote())
                                  for r, t in enumerate(self.trainers)])
-        results = await self._all(
-            [(f"trainer rank {r}", "weight send", t.send_weights.remote())
-             for r, t in enumerate(self.trainers)]
-            + [(f"rollout worker {i}", f"weight load v{version}",
-                w.load_weights.remote(version, specs[0])) for i, w in enumerate(self.workers)])
-        return list(results[len(self.trainers):])
+        if self.colocated:  # the export holds the weights in host memory: the engines' turn
+            await self._hand_devices_to("rollout")
+        receivers = [i for i in range(len(self.workers)) if i not in self._lost]
+        results = await asyncio.gather(
+            *(self._call(f"trainer rank {r}", "weight send", t.send_weights.remote())
+              for r, t in enumerate(self.trainers)),
+            *(self._rollout_call(i, f"weight load v{version}",
+                                 lambda actor: actor.load_weights.remote(version, specs[0]))
+              for i in receivers), return_exceptions=True)
+        hosted = [-1] * len(self.workers)
+        for result in results[:len(self.trainers)]:
+            if isinstance(result, BaseException):
+                raise result
+        for worker, result in zip(receivers, results[len(self.trainers):]):
+            if isinstance(result, WorkerLost):
+                # dead before anyone noticed: its next call raises WorkerLost to the rollout,
+                # which puts its requests back and has it replaced
+                self._lost.add(worker)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                hosted[worker] = result
+        return hosted
+
+    async def replace_worker(self, worker: int) -> int:
+        """A new process for a lost rollout worker: started, joined to the weight channel
+        (a collective group is rebuilt for every member) and loaded with the published
+        weights, sent to every worker again once the trainer's are published (a worker already
+        on them stages the same version). Returns the version it hosts."""
+        import ray
+
+        if self.colocated:
+            raise WorkerLost(worker, "generation", "a colocated rollout worker shares its "
+                             "device with a trainer rank and is not replaced; resume the run "
+                             "from its last checkpoint (resume=auto)")
+        self._lost.add(worker)
+        for attempt in range(1, REPLACEMENT_ATTEMPTS + 1):
+            version = await self._start_replacement(worker, f"replacement {attempt} of "
+                                                    f"{REPLACEMENT_ATTEMPTS}")
+            if version is not None:
+                return version
+        raise WorkerCallError(f"rollout worker {worker}: {REPLACEMENT_ATTEMPTS} replacement "
+                              "processes in a row died before taking work")
+
+    async def _start_replacement(self, worker: int, which: str) -> int | None:
+        """One new process for `worker`, up to its first weights: their version, or None when
+        it died on the way (the caller tries another)."""
+        import ray
+
+        ray.kill(self.workers[worker], no_restart=True)  # if it still half-lives
+        self._incarnations[worker] += 1
+        self.workers[worker] = self._new_worker(worker, self._incarnations[worker])
+        try:
+            await self._call(f"rollout worker {worker} ({which})", "start-up",
+                             self.workers[worker].stats.remote())
+        except WorkerCallError as exc:
+            if isinstance(exc.__cause__, ray.exceptions.RayActorError):
+                return None
+            raise
+        condition = self._condition()
+        async with condition:
+            await condition.wait_for(lambda: not self._ahead)
+            self._exporting = True
+        try:
+            self._lost.discard(worker)
+            await asyncio.to_thread(self._connect_weight_channel)
+            if worker in self._lost:
+                return None  # died joining the channel
+            hosted = await self._send_weights(self._published)
+        finally:
+            async with condition:
+                self._exporting = False
+                condition.notify_all()
+        return hosted[worker] if hosted[worker] >= 0 else None
+
+    @property
+    def replacements(self) -> int:
+        """Processes started to replace lost rollout workers, in all."""
+        return sum(self._incarnations)
 
     async def save(self, path: str) -> None:
+        if self.colocated:  # the trainers gather their state on the devices
+            await self._hand_devices_to("train")
         await self._all([(f"trainer rank {r}", f"save to {path}", t.save.remote(path))
                          for r, t in enumerate(self.trainers)])
+        if self.colocated:
+            await self._hand_devices_to("rollout")
+
+    async def load(self, path: str) -> None:
+        """Every trainer rank loads a checkpoint `save` wrote (weights, optimizer, RNG); the
+        rollout workers get the weights with the next `sync_weights`."""
+        if self.colocated:  # as in `save`: the trainers' state is on the devices meanwhile
+            await self._hand_devices_to("train")
+        await self._all([(f"trainer rank {r}", f"load from {path}", t.load.remote(path))
+                         for r, t in enumerate(self.trainers)])
+        if self.colocated:
+            await self._hand_devices_to("rollout")
 
     async def worker_stats(self) -> list[Any]:
-        return await self._all([(f"rollout worker {i}", "stats", w.stats.remote())
-                                for i, w in enumerate(self.workers)])
+        """Each worker's engine statistics; an empty record for one lost or being replaced."""
+        async def one(worker: int) -> Any:
+            try:
+                return await self._rollout_call(worker, "stats", lambda a: a.stats.remote())
+            except WorkerLost:
+                return EngineStats(running=0, waiting=0, version=-1, tokens_generated=0,
+                                   busy_seconds=0.0)
+        return list(await asyncio.gather(*(one(i) for i in range(len(self.workers)))))
 
     def shutdown(self) -> None:
         import ray
 
         for actor in self.trainers + self.workers:
             ray.kill(actor)
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._group)
         if self.config.cluster.address is None:
             ray.shutdown()
         shutil.rmtree(self.rendezvous_dir, ignore_errors=True)

@@ -46,6 +46,7 @@ class RolloutWorker:
                                      config.routing, index, config.rollout.max_batch_size),
                                  partial_rollout=config.rollout.partial_rollout)
         self.channel: WeightChannel | None = None
+        self.engine_receives = False  # the engine takes the weights off the broadcast itself
 
     async def generate(self, requests: list[GenerationRequest]
                        ) -> AsyncIterator[list[GenerationResult]]:
@@ -77,15 +78,42 @@ class RolloutWorker:
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
 
+    def weight_ranks(self, kind: str) -> int:
+        """Ranks this worker takes in the trainer's weight broadcast group (`kind`
+        "collective"; one for the host channels, which have no group): its engine's own
+        processes where the engine receives weights itself, else this process."""
+        return self._engine_ranks(kind) or 1
+
+    def _engine_ranks(self, kind: str) -> int:
+        """The engine receives itself only from a device broadcast, and not where the elastic
+        pool may lend this worker to training: its replica needs the weights here."""
+        if kind == "auto":
+            kind = self.train_platform.weight_channel_kind(self.platform)
+        if kind != "collective" or self.config.elastic.enabled:
+            return 0
+        return self.engine.weight_ranks()
+
     def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
+        """Join the weight channel as `rank` (the first of `weight_ranks(kind)` ranks)."""
+        timeout_s = self.config.cluster.timeout_s
+        if self.channel is not None:  # a rebuilt group (a lost worker was replaced)
+            self.channel.close()
+            self.channel = None
+        if self._engine_ranks(kind):
+            self.engine.connect_weight_channel(rendezvous, rank, world, timeout_s)
+            self.engine_receives = True
+            return
         self.channel = open_weight_channel(self.train_platform, self.platform, rank=rank,
                                            world_size=world, rendezvous=rendezvous, kind=kind,
-                                           timeout_s=self.config.cluster.timeout_s)
+                                           timeout_s=timeout_s)
 
     async def load_weights(self, version: int, specs: list[BucketSpec]) -> int:
         """Receive each bucket through the channel and load it; returns the version the engine
         now hosts. Lent to training, the worker loads the replica instead (its engine sleeps):
         the weight sync every rollout worker receives doubles as the replica's state fetch."""
+        if self.engine_receives:  # the engine's processes are ranks of the broadcast
+            await self.engine.receive_weights(version, specs)
+            return self.engine.version
         assert self.channel is not None, "connect_weight_channel was not called"
         buckets = (self.channel.receive(s) for s in specs)
         if self.replica is None:
@@ -140,6 +168,8 @@ class RolloutWorker:
         return self.engine.version
 
     async def sleep(self) -> None:
+        """Colocated hand-over: the engine finishes what it runs, then frees the device."""
+        await self.engine.wait_idle()
         await self.engine.sleep()
 
     async def wake(self) -> None:
@@ -212,6 +242,8 @@ class TrainerRank:
 
     def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
         if self.rank == 0:
+            if self.channel is not None:  # a rebuilt group (a lost worker was replaced)
+                self.channel.close()
             self.channel = open_weight_channel(self.platform, self.rollout_platform, rank=rank,
                                                world_size=world, rendezvous=rendezvous,
                                                kind=kind, timeout_s=self.config.cluster.timeout_s)
@@ -235,8 +267,30 @@ class TrainerRank:
     def save(self, path: str) -> None:
         self.engine.save(path)
 
+    def load(self, path: str) -> None:
+        self.engine.load(path)
+
+    # ---- colocated placement: the device is the rollout engine's between training steps -----
+    def offload(self) -> None:
+        for engine in filter(None, (self.engine, self.reference)):
+            engine.offload()
+
+    def onload(self) -> None:
+        for engine in filter(None, (self.engine, self.reference)):
+            engine.onload()
+
     def version(self) -> int:
         return self.engine.version
+
+
+def weight_group_layout(ranks: list[int]) -> tuple[list[int], int]:
+    """The weight broadcast group: the trainer is rank 0 (it sends); rollout worker i takes
+    `ranks[i]` ranks (`RolloutWorker.weight_ranks`) from its offset on. Returns (offsets,
+    world size)."""
+    if any(r < 1 for r in ranks):
+        raise ValueError(f"every rollout worker takes at least one rank, got {ranks}")
+    offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
+    return offsets, 1 + sum(ranks)
 
 
 def _sampling_temperature(config: EddyConfig) -> float:

@@ -1,0 +1,72 @@
+"""Where Ray puts a run's actors: each worker's resource request, and the two placements
+(`cluster.placement`): split (a device per worker, checked against what the machine has) and
+colocated (one placement-group bundle per device, shared by rollout worker i and trainer
+rank i)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import EddyConfig
+from ..errors import ConfigError
+from ..hal import get_platform
+
+
+def actor_options(platform_name: str, cpus: float, share: float = 1.0,
+                   group: Any = None, bundle: int = 0) -> dict[str, Any]:
+    """Ray options for one actor: `share` of one device, inside placement `group`'s `bundle`
+    when given (colocated actors share the bundle's device)."""
+    platform = get_platform(platform_name, require_available=False)
+    options = {"num_cpus": cpus, **platform.ray_actor_resources(share)}
+    if group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle)
+    return options
+
+
+def check_split_devices(config: EddyConfig, platforms: dict[str, str]) -> None:
+    """A split placement gives every worker its own device; on a machine with too few, say so
+    now rather than leave actors waiting for devices that never free up."""
+    import ray
+
+    needed: dict[str, int] = {}
+    for role, name in platforms.items():
+        resource = get_platform(name, require_available=False).ray_resource
+        if resource:
+            needed[resource] = needed.get(resource, 0) + getattr(config, role).num_workers
+    have = ray.cluster_resources()
+    for resource, count in needed.items():
+        if have.get(resource, 0) < count:
+            raise ConfigError(
+                f"cluster.placement = split gives each of rollout.num_workers = "
+                f"{config.rollout.num_workers} and train.num_workers = "
+                f"{config.train.num_workers} its own {resource}, {count} in all; this machine "
+                f"has {have.get(resource, 0):g}. Set cluster.placement = colocated to time-share "
+                "the devices (synchronous training), or use fewer workers")
+
+
+def colocation_group(config: EddyConfig, platform_name: str, cpus: float) -> Any:
+    """One placement-group bundle per device, holding rollout worker i and trainer rank i:
+    without it, fractional requests could put two trainer ranks on one device."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    pairs = config.rollout.num_workers
+    if pairs != config.train.num_workers:
+        raise ConfigError(
+            "cluster.placement = colocated pairs rollout worker i with trainer rank i on one "
+            f"device, but rollout.num_workers = {pairs} and train.num_workers = "
+            f"{config.train.num_workers}; make them equal")
+    platform = get_platform(platform_name, require_available=False)
+    bundle = {"CPU": 2 * cpus, **platform.ray_bundle(1)}
+    group = placement_group([dict(bundle) for _ in range(pairs)], strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=config.cluster.timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise ConfigError(
+            f"cluster.placement = colocated needs {pairs} bundle(s) of {bundle}; Ray could not "
+            f"reserve them within {config.cluster.timeout_s:.0f} s (cluster resources: "
+            f"{ray.cluster_resources()})") from None
+    return group

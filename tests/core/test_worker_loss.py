@@ -1,0 +1,130 @@
+"""A rollout worker's process dies mid-generation: its requests are regenerated elsewhere from
+scratch (one version per trajectory), the ledger records the requeue, nothing is lost, and the
+replacement the runtime starts takes work again. Deterministic: scripted engines (the `hf`
+version contract, no model) in a runtime that can lose and replace them."""
+
+import asyncio
+
+from scripted_engine import ScriptedEngine
+
+from eddyrl.core.ledger import Ledger, State
+from eddyrl.core.orchestrator import VersionOrchestrator
+from eddyrl.core.rewarding import SafeReward
+from eddyrl.core.rollout import StreamingRollout
+from eddyrl.core.trajectory import Group
+from eddyrl.core.version_window import VersionWindow
+from eddyrl.engines.inference.base import SamplingParams
+from eddyrl.errors import WorkerLost
+from eddyrl.runtime.inprocess import InProcessRuntime
+
+
+class LossyRuntime(InProcessRuntime):
+    """Engines in this process that a test can kill: a killed worker's streams end with
+    `WorkerLost` at their next result, as a dead Ray actor's do; `replace_worker` builds a
+    fresh engine on the published weights, once the test lets it (`replacements`)."""
+
+    def __init__(self, engines):
+        super().__init__(engines)
+        self.dead: set[int] = set()
+        self.published = 0
+        self.replacements = asyncio.Event()
+        self.replaced: list[int] = []
+
+    def kill(self, worker):
+        self.dead.add(worker)
+
+    async def generate(self, worker, requests):
+        if worker in self.dead:
+            raise WorkerLost(worker, "generate", "actor died")
+        async for result in self.workers[worker].generate(requests):
+            if worker in self.dead:
+                raise WorkerLost(worker, "generate", "actor died")
+            yield result
+
+    async def replace_worker(self, worker):
+        await self.replacements.wait()
+        engine = ScriptedEngine(token=7)
+        await engine.load_weights(self.published)
+        self.workers[worker] = engine
+        self.dead.discard(worker)
+        self.replaced.append(worker)
+        return self.published
+
+
+def _rollout(runtime):
+    window = VersionWindow(max_staleness=1, batch_groups=1, max_concurrent=8)
+    return StreamingRollout(runtime, window, VersionOrchestrator(len(runtime.workers), 64),
+                            Ledger(), SafeReward(lambda text, answer: 1.0),
+                            lambda ids: "x" * len(ids))
+
+
+def _dispatch(rollout, name, n, worker):
+    rollout.ledger.queue(name, len(rollout.ledger.counts()), 0)
+    rollout.dispatch([Group(name, name, "1", [5, 6], 0)], n, SamplingParams(max_new_tokens=40),
+                     worker=worker)
+
+
+async def _until(condition):
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never met")
+
+
+def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back():
+    async def run():
+        engines = [ScriptedEngine(token=3), ScriptedEngine(token=4)]
+        engines[0].holds["g0"] = asyncio.Event()  # busy: nothing of g0 finishes on worker 0
+        runtime = LossyRuntime(engines)
+        rollout = _rollout(runtime)
+        _dispatch(rollout, "g0", 2, worker=0)
+        await _until(lambda: engines[0]._running == 2)
+        runtime.kill(0)
+        engines[0].holds["g0"].set()  # its next step reaches the (dead) stream
+        await _until(lambda: rollout.workers_lost == 1)
+        assert rollout.orchestrator.available == [False, True]
+        batch = await rollout.next_batch()
+        # both samples regenerated on worker 1 from scratch, each on one version (C1)
+        assert [len(t.result.token_ids) for t in batch[0].trajectories] == [3, 3]
+        assert {tuple(t.result.token_ids[:2]) for t in batch[0].trajectories} == {(4, 4)}
+        assert all(len(set(t.result.versions)) == 1 for t in batch[0].trajectories)
+        assert rollout.regenerated == 2
+        history = rollout.ledger.to_dict()["groups"]["g0"]["history"]
+        assert [h["state"] for h in history].count(State.QUEUED.value) == 2  # queued, requeued
+        assert any("rollout worker 0 lost" in (h.get("reason") or "") for h in history)
+        # the replacement comes back on the published weights and gets work again
+        runtime.replacements.set()
+        await _until(lambda: runtime.replaced == [0])
+        await _until(lambda: rollout.orchestrator.available == [True, True])
+        _dispatch(rollout, "g1", 1, worker=0)
+        await rollout.next_batch()
+        assert runtime.workers[0].started == [("g1-0", 0)]
+        await rollout.drain()
+
+    asyncio.run(run())
+
+
+def test_with_every_worker_lost_requests_wait_for_the_replacement():
+    async def run():
+        engine = ScriptedEngine(token=3)
+        engine.holds["g0"] = asyncio.Event()
+        runtime = LossyRuntime([engine])
+        rollout = _rollout(runtime)
+        _dispatch(rollout, "g0", 2, worker=0)
+        await _until(lambda: engine._running == 2)
+        runtime.kill(0)
+        engine.holds["g0"].set()
+        await _until(lambda: rollout.workers_lost == 1)
+        assert len(rollout._parked) == 2  # nowhere to run until the worker is back
+        runtime.replacements.set()
+        batch = await rollout.next_batch()
+        assert [len(t.result.token_ids) for t in batch[0].trajectories] == [3, 3]
+        assert {t.result.token_ids[0] for t in batch[0].trajectories} == {7}  # the new engine
+        history = rollout.ledger.to_dict()["groups"]["g0"]["history"]
+        assert [h["state"] for h in history] == [
+            State.QUEUED.value, State.GENERATING.value, State.QUEUED.value,
+            State.GENERATING.value, State.COLLECTED.value]
+        await rollout.drain()
+
+    asyncio.run(run())
