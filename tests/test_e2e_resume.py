@@ -73,3 +73,47 @@ def test_train_then_resume_auto_continues_exactly(tiny_model_dir, tmp_path, monk
     assert len(requeued) == 4
     assert all(ledger.history(gid)[-1].step == 3 and State.TRAINED_FRESH in
                [e.state for e in ledger.history(gid)] for gid in requeued)
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_goes_on_from_its_last_checkpoint(tiny_model_dir, tmp_path,
+                                                           monkeypatch):
+    """Fault injection: the trainer's process is killed after step 2 is logged, before its
+    checkpoint. The run stops with an error naming the trainer rank and what it was doing;
+    `resume=auto` goes on from step 1's checkpoint (step 2's was never completed) and the
+    ledger shows every group of the finished run trained exactly once as fresh."""
+    import ray
+
+    from eddyrl.config import load_config
+    from eddyrl.core.ledger import Ledger
+    from eddyrl.errors import EddyError
+    from eddyrl.launch import train
+
+    def kill_trainer(metrics):
+        if metrics["step"] == 2:
+            (actor,) = [a for a in ray.util.list_named_actors(True) if a["name"] == "trainer-0"]
+            ray.kill(ray.get_actor("trainer-0", namespace=actor["namespace"]), no_restart=True)
+
+    def config(*overrides):
+        return load_config(overrides=[f"model.path={tiny_model_dir}", f"run_dir={tmp_path}",
+                                      "platform=cpu", *RUN, "loop.steps=3", *overrides])
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ray, "shutdown", lambda: None)
+        with pytest.raises(EddyError, match="trainer rank 0 failed during save"):
+            train(config(), on_step=kill_trainer)
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_000001"]  # no half one
+    try:
+        summary = json.loads(train(config("resume=auto")).read_text())
+    finally:
+        ray.shutdown()
+    assert summary["steps"] == 3 and summary["resumed_from"] == str(checkpoints / "step_000001")
+    assert not list(checkpoints.glob(".*"))  # the dead trainer's unfinished write is cleared
+    ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
+    groups = ledger.to_dict()["groups"].values()
+    fresh = [g for g in groups if any(h["state"] == "trained_fresh" for h in g["history"])]
+    assert len(fresh) == 3 * 4
+    assert all([h["state"] for h in g["history"]].count("trained_fresh") == 1 for g in fresh)
+    report = ledger.check_exactly_once([g["prompt_index"] for g in fresh], epoch=0)
+    assert not report.missing and not report.duplicated

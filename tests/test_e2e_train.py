@@ -284,9 +284,11 @@ def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_
         if 1 <= metrics["step"] <= 3:
             # the newest process of worker 0, once it has started (a replacement may still be
             # loading its model: waiting for it here does not wait on the run's event loop)
-            name = max((n for n in ray.util.list_named_actors() if n.startswith("rollout-0.")),
-                       key=lambda n: int(n.rsplit(".", 1)[1]))
-            actor = ray.get_actor(name)
+            name, namespace = max(
+                ((a["name"], a["namespace"]) for a in ray.util.list_named_actors(True)
+                 if a["name"].startswith("rollout-0.")),
+                key=lambda a: int(a[0].rsplit(".", 1)[1]))
+            actor = ray.get_actor(name, namespace=namespace)
             ray.get(actor.stats.remote(), timeout=120)
             ray.kill(actor, no_restart=True)
             killed.append(name)

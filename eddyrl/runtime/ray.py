@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from typing import Any, AsyncIterator, Callable
 
 from ..config import EddyConfig
@@ -73,21 +74,24 @@ class RayRuntime:
         if not self.colocated and config.cluster.address is None:
             check_split_devices(config, {"train": train_platform, "rollout": rollout_platform})
         share = 0.5 if self.colocated else 1.0
+        # Actors are named (`trainer-<rank>`, `rollout-<index>.<incarnation>`: what `ray list
+        # actors` shows) in a namespace of this run's own, so runs sharing a cluster never clash.
+        self.namespace = f"eddy-{uuid.uuid4().hex[:12]}"
         self._switch_s = 0.0  # colocated hand-over time not yet reported in a step's metrics
         trainer_cls = ray.remote(TrainerRank)
         self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
                                                               self._group, rank),
-                                             name=None).remote(config, rank, world, init_method,
+                                             name=f"trainer-{rank}", namespace=self.namespace
+                                             ).remote(config, rank, world, init_method,
                                                                model_path)
                          for rank in range(world)]
         if self.colocated:
             # The trainers' state waits in host memory before the engines sharing their
             # devices start, so each engine sizes its KV cache on a free device.
             ray.get([t.offload.remote() for t in self.trainers], timeout=self.timeout_s)
-        # Rollout workers are named `rollout-<index>.<incarnation>` (the incarnation counts
-        # replacements after a loss): `ray list actors` shows which is which.
+        # the incarnation counts a rollout worker's replacements after losses
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
-            name=f"rollout-{index}.{incarnation}",
+            name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
             **actor_options(rollout_platform, cpus, share, self._group, index)
         ).remote(config, index, model_path)
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
