@@ -80,6 +80,16 @@ class RolloutMigration:
             if self.partial_rollout or hosted[request.worker] < request.version < version:
                 request.version = version
 
+    def holding(self) -> list[int]:
+        """Workers whose hosted weights episodes between turns will come back for: a weight
+        sync stages the new version there even if the engine is idle (it applies once a
+        newer request finds nothing of the old running), so those episodes keep their version
+        instead of starting over. None with partial rollout (turns go on with new weights)."""
+        if self.partial_rollout:
+            return []
+        return [w for w, waiting in enumerate(self.orchestrator.between_turns)
+                if waiting.get(self.orchestrator.hosted[w])]
+
     async def rebalance(self, new_requests: int) -> int:
         """DORA's reassignment after a train step: consolidate legacy versions onto their share
         of workers by aborting requests on evacuated workers and resuming them (same version)

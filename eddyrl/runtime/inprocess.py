@@ -32,5 +32,5 @@ class InProcessRuntime:
     async def train(self, batch):
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")
 
-    async def sync_weights(self, version: int) -> list[int]:
+    async def sync_weights(self, version: int, hold=()) -> list[int]:
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..config import EddyConfig
 from ..core.batch import TrainBatch
@@ -277,17 +277,18 @@ class RayRuntime:
         await self._rollout_call(worker, f"abort ({len(request_ids)} requests)",
                                  lambda actor: actor.abort.remote(request_ids))
 
-    async def sync_weights(self, version: int) -> list[int]:
+    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         """Trainer -> every rollout worker, through the channel opened at start-up; returns
-        the version each worker now hosts (a busy one keeps its own, the new one staged; -1
-        for a worker being replaced, which gets the weights as it comes back)."""
-        hosted = await self._send_weights(version)
+        the version each worker now hosts (a busy one, or one in `hold`, keeps its own with
+        the new one staged; -1 for a worker being replaced, which gets the weights as it comes
+        back)."""
+        hosted = await self._send_weights(version, hold)
         async with self._condition():
             self._ahead, self._published = False, version
             self._condition().notify_all()
         return hosted
 
-    async def _send_weights(self, version: int) -> list[int]:
+    async def _send_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         specs = await self._all([(f"trainer rank {r}", "weight export", t.describe_weights.remote())
                                  for r, t in enumerate(self.trainers)])
         if self.colocated:  # the export holds the weights in host memory: the engines' turn
@@ -297,7 +298,8 @@ class RayRuntime:
             *(self._call(f"trainer rank {r}", "weight send", t.send_weights.remote())
               for r, t in enumerate(self.trainers)),
             *(self._rollout_call(i, f"weight load v{version}",
-                                 lambda actor: actor.load_weights.remote(version, specs[0]))
+                                 lambda actor, i=i: actor.load_weights.remote(
+                                     version, specs[0], i in hold))
               for i in receivers), return_exceptions=True)
         hosted = [-1] * len(self.workers)
         for result in results[:len(self.trainers)]:

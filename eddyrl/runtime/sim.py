@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..config import EddyConfig
 from ..core.controller import Controller, LoopSettings
@@ -110,9 +110,9 @@ class SimRuntime:
         await asyncio.sleep(seconds)
         return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas or [])}
 
-    async def sync_weights(self, version: int) -> list[int]:
+    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         """One broadcast to every instance at once (each receives its shards over its own
-        link), then each stages or applies the new version."""
+        link), then each stages or applies the new version (those in `hold` stage it)."""
         if self.devices.colocated:
             await self._hand_devices_to("rollout")
         self.sync_busy_s += self.weight_sync_s
@@ -122,7 +122,7 @@ class SimRuntime:
             if index in self.replicas:
                 self.replicas[index] = version  # a joined replica fetches its state here
             else:
-                await engine.load_weights(version)
+                await engine.load_weights(version, hold=index in hold)
         self.marks.append((self.now(), sum(e.stats().busy_seconds for e in self.workers),
                            self.train_busy_s, self.device_busy_s()))
         return [engine.version for engine in self.workers]

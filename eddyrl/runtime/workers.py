@@ -107,17 +107,19 @@ class RolloutWorker:
                                            world_size=world, rendezvous=rendezvous, kind=kind,
                                            timeout_s=timeout_s)
 
-    async def load_weights(self, version: int, specs: list[BucketSpec]) -> int:
-        """Receive each bucket through the channel and load it; returns the version the engine
-        now hosts. Lent to training, the worker loads the replica instead (its engine sleeps):
-        the weight sync every rollout worker receives doubles as the replica's state fetch."""
+    async def load_weights(self, version: int, specs: list[BucketSpec],
+                           hold: bool = False) -> int:
+        """Receive each bucket through the channel and load it (`hold`: staged even if idle,
+        see `InferenceEngine.load_weights`); returns the version the engine now hosts. Lent to
+        training, the worker loads the replica instead (its engine sleeps): the weight sync
+        every rollout worker receives doubles as the replica's state fetch."""
         if self.engine_receives:  # the engine's processes are ranks of the broadcast
-            await self.engine.receive_weights(version, specs)
+            await self.engine.receive_weights(version, specs, hold=hold)
             return self.engine.version
         assert self.channel is not None, "connect_weight_channel was not called"
         buckets = (self.channel.receive(s) for s in specs)
         if self.replica is None:
-            await self.engine.load_weights(version, buckets)
+            await self.engine.load_weights(version, buckets, hold=hold)
         else:
             weights: dict[str, torch.Tensor] = {}
             for bucket in buckets:
@@ -227,7 +229,9 @@ class TrainerRank:
             external = _replica_gradients(replica_results, metrics) if replica_results else None
             step = self.engine.train_step(part, self.loss_fn, extra_tokens=replica_tokens,
                                           external_grads=external)
-            metrics.update({k: v / chunks + metrics.get(k, 0.0) for k, v in step.items()})
+            # means over the mini-batches; a count (skipped_updates) adds up
+            metrics.update({k: (v if k == "skipped_updates" else v / chunks)
+                            + metrics.get(k, 0.0) for k, v in step.items()})
         return metrics
 
     @staticmethod

@@ -3,7 +3,8 @@ contract without a model, stepping on the event loop only (no threads, no clock)
 
 - A request of the hosted version joins at once; of a newer version it waits for the running
   requests to drain, then the staged weights are applied; of an older one it is refused.
-- `load_weights` stages; an idle engine (or one with partial rollout) applies at once.
+- `load_weights` stages; an idle engine not told to `hold` (or one with partial rollout)
+  applies at once.
 - Every turn is `turn_tokens` tokens: `token` repeated, then `STOP` ("stop"); each carries
   log-prob -1 and the version that produced it. `max_new_tokens` counts resumed tokens.
 - `holds[group_id]`: while that asyncio.Event is clear, the group's requests make no progress
@@ -84,9 +85,9 @@ class ScriptedEngine:
     async def abort(self, request_ids):
         self._aborted.update(request_ids)
 
-    async def load_weights(self, version, buckets=()):
+    async def load_weights(self, version, buckets=(), *, hold=False):
         self._staged = version
-        if self._running == 0 or self.partial_rollout:
+        if (self._running == 0 and not hold) or self.partial_rollout:
             self._apply()
 
     def _apply(self):

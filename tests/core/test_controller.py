@@ -35,11 +35,11 @@ class RecordingRuntime(InProcessRuntime):
     def weights(self, version):
         return {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
 
-    async def sync_weights(self, version):
+    async def sync_weights(self, version, hold=()):
         self.synced.append(version)
         weights = self.weights(version)
-        for engine in self.workers:
-            await engine.load_weights(version, [weights])
+        for index, engine in enumerate(self.workers):
+            await engine.load_weights(version, [weights], hold=index in hold)
         return [engine.version for engine in self.workers]
 
 

@@ -143,6 +143,37 @@ def test_an_episode_restarts_only_when_no_worker_hosts_its_version_and_is_counte
     assert rollout.orchestrator.pending == [{}] and rollout.orchestrator.between_turns == [{}]
 
 
+def test_a_sync_holds_an_idle_workers_version_for_its_episode_between_turns():
+    """As above, but published as the controller does, with `hold=rollout.holding()`: the idle
+    worker stages version 1 instead of applying it, so the episode's next turn finds version 0
+    and nothing starts over; the first version-1 request then makes the engine switch."""
+    async def scenario():
+        engines = [ScriptedEngine(10)]
+        gates = {"a": asyncio.Event()}
+        rollout = _rollout(engines, {"a": ("wait", "done"), "b": ("done",)}, gates, batch=1)
+        (a,) = _dispatch(rollout, "a")
+        await _until(lambda: a.episode.stepping)
+        held = rollout.holding()
+        await engines[0].load_weights(1, hold=0 in held)
+        rollout.window.advance()
+        rollout.published(1, [engines[0].version])
+        versions_after_sync = engines[0].version
+        gates["a"].set()
+        first = await rollout.next_batch()
+        _dispatch(rollout, "b")
+        second = await rollout.next_batch()
+        return rollout, engines, held, versions_after_sync, first + second
+
+    rollout, engines, held, version_after_sync, groups = asyncio.run(scenario())
+    assert held == [0] and version_after_sync == 0  # staged, not applied
+    results = _by_id(groups)
+    assert results["a"].token_ids == [10, 10, STOP, *OK, 10, 10, STOP]
+    assert set(results["a"].versions) == {0}  # its turns kept, on its version (C1)
+    assert set(results["b"].versions) == {1}  # the next new request switched the engine
+    assert rollout.restarted == 0
+    assert rollout.episodes.stats.metrics()["env/restarted_episodes"] == 0
+
+
 def test_new_version_work_keeps_off_a_worker_whose_episode_waits_for_its_version():
     """Worker 0 runs b and hosts a, between turns, both on version 0; worker 1 took version 1
     and has four version-1 requests queued. A new request c would go to worker 0 by queue

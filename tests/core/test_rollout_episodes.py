@@ -378,9 +378,9 @@ class RecordingRuntime(InProcessRuntime):
         self.batches.append(batch)
         return {"loss": 0.0}
 
-    async def sync_weights(self, version):
+    async def sync_weights(self, version, hold=()):
         weights = {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
-        await self.engine.load_weights(version, [weights])
+        await self.engine.load_weights(version, [weights], hold=0 in hold)
         return [self.engine.version]
 
 

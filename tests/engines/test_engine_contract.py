@@ -290,3 +290,17 @@ def test_stop_strings_end_at_the_token_that_completes_them(engine, tiny_model_di
                     if stop in decode(r.token_ids[head:j + 1])), None)
         assert (out.finish_reason, len(out.token_ids)) == \
             (("stop", end) if end else ("length", len(r.token_ids)))
+
+
+def test_held_weights_wait_on_an_idle_engine_until_a_newer_request(engine, tiny_model_dir):
+    """`hold`: requests of the hosted version will come back (episodes between turns), so an
+    idle engine stages the new weights instead of applying them; a request of the hosted
+    version still runs on it, and the first request of the new one switches the engine."""
+    hosted = engine.version  # the vllm engine is shared by the tests: whatever it hosts now
+    asyncio.run(engine.load_weights(hosted + 1, _shifted_weights(tiny_model_dir, 3), hold=True))
+    assert engine.version == hosted and engine.stats().staged_version == hosted + 1
+    same = asyncio.run(_collect(engine, _versioned(2, hosted, max_new=5, prefix="kept")))
+    assert all(set(r.versions) == {hosted} for r in same) and engine.version == hosted
+    newer = asyncio.run(_collect(engine, _versioned(2, hosted + 1, max_new=5)))
+    assert all(set(r.versions) == {hosted + 1} for r in newer)
+    assert engine.version == hosted + 1 and engine.stats().staged_version is None

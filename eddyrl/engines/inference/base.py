@@ -133,9 +133,13 @@ class InferenceEngine(abc.ABC):
         """Stop these requests; their partial results come out of `generate`."""
 
     @abc.abstractmethod
-    async def load_weights(self, version: int,
-                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
-        """Replace the weights bucket by bucket; new tokens then carry `version`."""
+    async def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]],
+                           *, hold: bool = False) -> None:
+        """Replace the weights bucket by bucket; new tokens then carry `version`. Applied at
+        once when nothing of the hosted version runs (or with partial rollout), else staged
+        until that has drained; `hold` stages them even on an idle engine, because requests of
+        the hosted version will come back (multi-turn episodes waiting for their tools): they
+        apply when a request of a newer version finds nothing of the old one running."""
 
     @abc.abstractmethod
     async def sleep(self) -> None:

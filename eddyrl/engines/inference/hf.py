@@ -227,13 +227,14 @@ class HFInferenceEngine(InferenceEngine):
         self._aborted.update(request_ids)
 
     # ---- weights and memory ----------------------------------------------------------------
-    async def load_weights(self, version: int,
-                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+    async def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]],
+                           *, hold: bool = False) -> None:
         """Receive and check the new weights off the critical path, then apply them now if
-        nothing runs (or with partial rollout), else when the running batches have drained."""
+        nothing runs and nothing is held (or with partial rollout), else when the running
+        batches have drained and a newer request arrives."""
         staged = await asyncio.to_thread(self._stage, version, buckets)
         self._staged = (version, staged)
-        if self._running == 0 or self.partial_rollout:
+        if (self._running == 0 and not hold) or self.partial_rollout:
             # On the event loop, not in a thread: a request checked against the old version
             # must not start while the new weights are being copied in.
             self._apply_staged()

@@ -155,10 +155,10 @@ class SimInferenceEngine(InferenceEngine):
         self._aborted.update(request_ids)
         self._wake_server()
 
-    async def load_weights(self, version: int, buckets=()) -> None:
+    async def load_weights(self, version: int, buckets=(), *, hold: bool = False) -> None:
         """Weights are a version number here; their transfer time is the runtime's."""
         self._staged = version
-        if not self._holds_version():
+        if not (hold or self._holds_version()):
             self._apply_staged()  # idle: at once; partial rollout: at the next step boundary
         self._wake_server()
 

@@ -282,13 +282,13 @@ class VLLMInferenceEngine(InferenceEngine):
         await self._slots.notify()  # waiting ones leave
 
     # ---- weights and memory ----------------------------------------------------------------
-    async def load_weights(self, version: int,
-                           buckets: Iterable[dict[str, torch.Tensor]]) -> None:
+    async def load_weights(self, version: int, buckets: Iterable[dict[str, torch.Tensor]],
+                           *, hold: bool = False) -> None:
         """Stage the buckets in vLLM's worker while decoding goes on, then apply them now if
         nothing of the hosted version runs (or with partial rollout), else once it drained."""
         async def stage() -> set[str]:
             return await stage_from_host(self._rpc, buckets, self._known_names)
-        await self._thread.call(self._load_weights(version, stage))
+        await self._thread.call(self._load_weights(version, stage, hold))
 
     def weight_ranks(self) -> int:
         """One receiving rank per vLLM worker (tensor- and pipeline-parallel ranks)."""
@@ -300,7 +300,8 @@ class VLLMInferenceEngine(InferenceEngine):
                                                rank_offset, world_size, timeout_s))
         self._receiving = True
 
-    async def receive_weights(self, version: int, specs: list[BucketSpec]) -> None:
+    async def receive_weights(self, version: int, specs: list[BucketSpec], *,
+                              hold: bool = False) -> None:
         """As `load_weights`, the workers taking each bucket off the trainer's broadcast into
         device buffers (vllm_transfer.py). An update with wrong names is received whole (the
         broadcast needs every rank) and then refused."""
@@ -311,9 +312,9 @@ class VLLMInferenceEngine(InferenceEngine):
             names = await vllm_transfer.receive(self._rpc_all, specs)
             check_known(names, self._known_names)
             return names
-        await self._thread.call(self._load_weights(version, stage))
+        await self._thread.call(self._load_weights(version, stage, hold))
 
-    async def _load_weights(self, version: int, stage) -> None:
+    async def _load_weights(self, version: int, stage, hold: bool = False) -> None:
         """`stage()` fills the worker's incoming copy and returns the names it brought; a
         complete update becomes the staged one (a failed one leaves that as it was)."""
         async with self._loading:
@@ -326,7 +327,7 @@ class VLLMInferenceEngine(InferenceEngine):
             async with self._switching:  # not while a switch applies the previous copy
                 await self._rpc_all("eddy_commit_staged")
                 self._staged = version
-        if self._users == 0 or self.partial_rollout:
+        if (self._users == 0 and not hold) or self.partial_rollout:
             await self._apply_staged()
 
     async def _apply_staged(self) -> None:
