@@ -34,17 +34,32 @@ class WorkerCallError(EddyError, RuntimeError):
 
 
 def start_ray(config: EddyConfig) -> None:
+    """Local mode: every Ray server (GCS, raylet, object manager, workers' gRPC, agents, metrics)
+    listens on loopback only, and Ray's token authentication stays on (its default for a local
+    `ray.init`; RAY_AUTH_MODE is left alone)."""
+    if config.cluster.address is None:
+        # Ray 2.60 binds its servers to the node IP when that is loopback and to the wildcard
+        # (or the machine's address) otherwise. `ray.init` replaces a loopback
+        # `_node_ip_address` with the machine's routable address unless this variable is 0,
+        # which Ray reads once, when first imported; set before that, it also reaches the
+        # processes Ray starts.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
     if ray.is_initialized():
         return
     if config.cluster.address is None:
-        # Ray binds its local servers to 127.0.0.1 with this set (it otherwise listens on the
-        # machine's address); our servers never face the network in local mode.
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # the same, where Ray was imported earlier
         ray.init(num_cpus=config.cluster.num_cpus or os.cpu_count(), include_dashboard=False,
                  _node_ip_address="127.0.0.1", logging_level="WARNING", log_to_driver=True,
                  configure_logging=True)
+        node_ip = ray.util.get_node_ip_address()
+        if node_ip != "127.0.0.1":  # fail closed: never leave Ray listening on the network
+            ray.shutdown()
+            raise EddyError(f"local Ray started on {node_ip} instead of loopback (127.0.0.1); "
+                            "its servers would accept connections from the network")
     else:
         ray.init(address=config.cluster.address, logging_level="WARNING")
 
