@@ -75,7 +75,10 @@ async def write(root: Path, step: int, fill: Callable[[Path], Awaitable[None]]) 
         _write_manifest(tmp, step)
         replace_dir(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # with whatever `fill` staged beside it (a trainer's save stages into `<tmp>.tmp`):
+        # a save that failed for a full disk must not leave a model's worth of files behind
+        for partial in root.glob(f"{tmp.name}*"):
+            shutil.rmtree(partial, ignore_errors=True)
         raise
     _fsync(root)
     return final

@@ -30,8 +30,8 @@ def check_range(key: str, value: float, lo: float | None = None, hi: float | Non
     bad = ((lo is not None and (value < lo or (lo_open and value == lo)))
            or (hi is not None and (value > hi or (hi_open and value == hi))))
     if bad:
-        left = "-inf" if lo is None else f"{'(' if lo_open else '['}{lo}"
-        right = "inf" if hi is None else f"{hi}{')' if hi_open else ']'}"
+        left = "(-inf" if lo is None else f"{'(' if lo_open else '['}{lo}"
+        right = "inf)" if hi is None else f"{hi}{')' if hi_open else ']'}"
         raise ConfigError(f"config key {key!r} = {value!r} is out of range; allowed: "
                           f"{left}, {right}")
 

@@ -67,12 +67,29 @@ def _merge(base: DictConfig, tree: dict, source: str) -> DictConfig:
         raise ConfigError(f"config key {key!r} in {source}: {reason}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, refusing a key given twice in one mapping: YAML does not allow it,
+    and PyYAML would silently keep the last value."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                line = key_node.start_mark.line + 1
+                if key_node.value in lines:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value!r} is given twice (lines "
+                        f"{lines[key_node.value]} and {line})", key_node.start_mark)
+                lines[key_node.value] = line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist")
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -64,7 +64,10 @@ class Episodes:
         """A new episode whose transcript may reach `max_tokens` (the request's
         max_new_tokens: engines count resumed tokens against it), counted in `stats`
         (training) or `eval_stats`."""
+        # the configured cutoff from the start: an environment that fails to build has none
+        limits = getattr(self.factory, "kwargs", {}).get("limits")
         return EpisodeRun(EpisodeState(self.decode, max_tokens,
+                                       getattr(limits, "cutoff_reward", 0.0),
                                        stats=self.stats if training else self.eval_stats))
 
     def restart(self, run: EpisodeRun, reason: str) -> EpisodeRun:
@@ -73,7 +76,8 @@ class Episodes:
         state = run.state
         if state.stats is not None:
             state.stats.restarted(reason)
-        return EpisodeRun(EpisodeState(self.decode, state.max_tokens, stats=state.stats))
+        return EpisodeRun(EpisodeState(self.decode, state.max_tokens, state.cutoff_reward,
+                                       stats=state.stats))
 
     async def take_turn(self, run: EpisodeRun, result: GenerationResult, prompt: str,
                         answer: str) -> tuple[Observation, Episode | None]:

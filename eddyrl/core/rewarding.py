@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -11,25 +14,89 @@ from ..plugins import load_reward_fn  # noqa: F401  (where callers load data.rew
 RewardFn = Callable[[str, str], float]
 
 
+class RewardTimeout(BaseException):
+    """A reward call ran past its limit. A BaseException, so that a reward's own `except
+    Exception` cannot swallow it (math-verify's timeout is one for the same reason)."""
+
+
 @dataclass
 class SafeReward:
-    """Wraps a reward function: an exception or a non-finite value gives reward 0, the error
-    is recorded on the sample and counted, and the run goes on."""
+    """Wraps a reward function: an exception, a non-finite value or a call longer than
+    `timeout_s` (`data.reward_timeout_s`; None: no limit) gives reward 0, the error is recorded
+    on the sample and counted, and the run goes on."""
 
     fn: RewardFn
+    timeout_s: float | None = None
     errors: int = 0
     last_errors: list[str] = field(default_factory=list)
 
     def __call__(self, response: str, answer: str) -> tuple[float, str | None]:
         try:
-            value = float(self.fn(response, answer))
+            value = float(self._call(response, answer))
+        except RewardTimeout:
+            return self._fail(f"reward function took longer than data.reward_timeout_s="
+                              f"{self.timeout_s}s")
         except Exception as exc:  # user code: any failure is this sample's, not the run's
             return self._fail(f"{type(exc).__name__}: {exc}")
         if not math.isfinite(value):
             return self._fail(f"reward function returned {value}")
         return value, None
 
+    def _call(self, response: str, answer: str) -> float:
+        if self.timeout_s is None:
+            return self.fn(response, answer)
+        if threading.current_thread() is threading.main_thread() and \
+                hasattr(signal, "SIGALRM"):
+            return _with_alarm(self.fn, (response, answer), self.timeout_s)
+        return _with_thread(self.fn, (response, answer), self.timeout_s)
+
     def _fail(self, message: str) -> tuple[float, None | str]:
         self.errors += 1
         self.last_errors = (self.last_errors + [message])[-5:]
         return 0.0, message
+
+
+def _raise_timeout(signum, frame) -> None:
+    raise RewardTimeout
+
+
+def _with_alarm(fn: RewardFn, args: tuple, timeout_s: float) -> float:
+    """`fn(*args)` cut off by SIGALRM after `timeout_s` (the controller scores in the main
+    thread): the Python code is interrupted, nothing keeps running. Another timer already set
+    (a test runner's) is put back afterwards, less the time spent; a reward that sets its own
+    alarm (math-verify does, in the main thread) replaces this limit from then on, and bounds
+    itself."""
+    handler = signal.signal(signal.SIGALRM, _raise_timeout)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    start = time.monotonic()
+    try:
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:  # also when the alarm went off just as the call returned
+        signal.signal(signal.SIGALRM, handler if handler is not None else signal.SIG_DFL)
+        if outer_delay:
+            left = max(outer_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+
+
+def _with_thread(fn: RewardFn, args: tuple, timeout_s: float) -> float:
+    """`fn(*args)` in a daemon thread, waited for `timeout_s`: off the main thread no signal
+    can interrupt it, so a call that runs over is abandoned (Python cannot stop a thread)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="reward", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardTimeout
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

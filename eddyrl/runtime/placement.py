@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import EddyConfig
+from ..errors import PlatformError
 from ..hal import Platform, get_platform
 
 ROLES = ("rollout", "train")
@@ -32,7 +33,15 @@ def role_platform_name(config: EddyConfig, role: str) -> str:
 
 
 def resolve_role_platforms(config: EddyConfig, *, require_available: bool = True) -> RolePlatforms:
-    """Resolve both roles' platforms (each raising a clear error when absent here)."""
-    chosen = {role: get_platform(role_platform_name(config, role),
-                                 require_available=require_available) for role in ROLES}
+    """Resolve both roles' platforms (each raising a clear error when absent here; a role's
+    own `<role>.platform` is named in it, the top-level `platform` names itself)."""
+    chosen = {}
+    for role in ROLES:
+        try:
+            chosen[role] = get_platform(role_platform_name(config, role),
+                                        require_available=require_available)
+        except PlatformError as exc:
+            if getattr(config, role).platform is None:
+                raise
+            raise PlatformError(f"config key '{role}.platform': {exc}") from None
     return RolePlatforms(**chosen)

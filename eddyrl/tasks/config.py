@@ -43,6 +43,8 @@ class DataConfig:
     train_size: int = 20000  # rows generated for the built-in task
     eval_size: int = 500
     reward_fn: str = "eddyrl.tasks.reward:reward"  # dotted path: fn(response, answer) -> float
+    # A reward call running longer scores 0, counted in reward_errors (None: no limit)
+    reward_timeout_s: float | None = 60.0
     max_prompt_tokens: int = 96
     prompt_overflow: str = "error"  # a longer prompt: "error", or "truncate" (keep the end)
 
@@ -54,6 +56,8 @@ class DataConfig:
         check_range(f"{prefix}.eval_size", self.eval_size, 1)
         check_range(f"{prefix}.max_prompt_tokens", self.max_prompt_tokens, 1)
         check_choice(f"{prefix}.prompt_overflow", self.prompt_overflow, ["error", "truncate"])
+        if self.reward_timeout_s is not None:
+            check_range(f"{prefix}.reward_timeout_s", self.reward_timeout_s, 0, lo_open=True)
         if ":" not in self.reward_fn:
             raise ConfigError(f"config key '{prefix}.reward_fn' = {self.reward_fn!r} must be a "
                               "dotted path of the form 'package.module:function'")

@@ -69,7 +69,8 @@ def lookup(record: dict, dotted: str) -> Any:
             raise RowError(f"field {parent!r} must be an object to hold {dotted!r}, got "
                            f"{type(value).__name__}")
         if key not in value:
-            raise RowError(f"missing field {dotted!r}")
+            present = ", ".join(map(repr, list(value)[:12])) + (", ..." if len(value) > 12 else "")
+            raise RowError(f"missing field {dotted!r} (fields there: {present or 'none'})")
         value = value[key]
     return value
 
@@ -99,8 +100,8 @@ def _field(record: dict, fmt: RowFormat, role: str) -> Any:
     try:
         return lookup(record, getattr(fmt, f"{role}_field"))
     except RowError as error:
-        raise RowError(f"{error} (format {fmt.name!r}; data.fields.{role} names another "
-                       "field)") from None
+        raise RowError(f"{error}; format {fmt.name!r}: set data.fields.{role} if the rows keep "
+                       f"the {role} under another name") from None
 
 
 def normalize(record: Any, fmt: RowFormat) -> dict:

@@ -145,4 +145,6 @@ def load_splits(config: DataConfig, data_dir: Path, seed: int) -> tuple[list[dic
             rows.append(read_rows(path, fmt))
         except ValueError as exc:
             raise ConfigError(f"data.{key}: {exc}") from None
+        if not rows[-1]:
+            raise ConfigError(f"data.{key}: data file '{path}' holds no rows")
     return rows[0], rows[1], str(train_path), str(eval_path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import logging
 import math
 import os
 import shutil
@@ -33,6 +34,8 @@ from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
 from .base import LossFn, TrainEngine, token_logprobs
 from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
+
+log = logging.getLogger(__name__)
 
 OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state (safetensors)
 ENGINE_STATE_FILE = "eddy_train_state.json"
@@ -195,16 +198,22 @@ class FSDPTrainEngine(TrainEngine):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
         # No loss tokens anywhere, or a non-finite norm: skip the update (Adam's momentum would
-        # still move the weights) but not the version, so versions keep counting steps.
-        if total_tokens > 0 and math.isfinite(grad_norm):
+        # still move the weights) but not the version, so versions keep counting steps. A
+        # non-finite norm (NaN/inf loss or gradient) is logged and counted (`skipped_updates`).
+        nonfinite = total_tokens > 0 and not math.isfinite(grad_norm)
+        if total_tokens > 0 and not nonfinite:
             self.optimizer.step()
+        elif nonfinite and self.rank == 0:
+            log.warning(f"optimizer step skipped at version {self.version}: the gradient norm is "
+                        f"{grad_norm} (loss {loss_sum}); weights and optimizer state unchanged")
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
 
         names = sorted(metric_sums)
         sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
                                           dtype=torch.float64), op="sum").tolist()
-        out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens)}
+        out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens),
+               "skipped_updates": float(nonfinite)}
         out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
         return out
 

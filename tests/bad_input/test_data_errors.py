@@ -1,0 +1,121 @@
+"""Bad data files: missing, unreadable, malformed rows, missing fields, empty, prompts too long.
+Each fails at start-up naming the config key, the file, the 1-based row and the field."""
+
+import json
+
+import pytest
+
+from eddyrl.config import load_config
+from eddyrl.errors import ConfigError
+from eddyrl.tasks.prompts import PromptSet, load_splits
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def write_parquet(path, columns):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+GOOD = [{"prompt": "add 1 2", "answer": "3"}]
+
+
+def splits_error(tmp_path, train, *overrides) -> str:
+    """The error of loading `train` (eval: a good file) as `data.train_path`."""
+    eval_path = write_jsonl(tmp_path / "eval.jsonl", GOOD)
+    config = load_config(overrides=[f"data.train_path={train}", f"data.eval_path={eval_path}",
+                                    *overrides])
+    with pytest.raises(ConfigError) as error:
+        load_splits(config.data, tmp_path / "generated", seed=0)
+    return str(error.value)
+
+
+def test_missing_data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    assert splits_error(tmp_path, path) == f"data.train_path: data file '{path}' does not exist"
+
+
+def test_malformed_json_line_names_file_and_row(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD[0], '{"prompt": "add 2 2", "answer": '])
+    assert splits_error(tmp_path, path) == (
+        f"data.train_path: {path}: row 2: not valid JSON (Expecting value); expected one JSON "
+        "object per line")
+
+
+def test_row_that_is_not_an_object(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", ["[1, 2]"])
+    assert splits_error(tmp_path, path) == (
+        f"data.train_path: {path}: row 1: expected a JSON object (one per line), got list")
+
+
+def test_jsonl_row_missing_its_answer_names_file_row_and_field(tmp_path):
+    # a blank line still counts, so row numbers are line numbers
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD[0], "", {"prompt": "add 2 2"}])
+    assert splits_error(tmp_path, path) == (
+        f"data.train_path: {path}: row 3: missing field 'answer' (fields there: 'prompt'); "
+        "format 'plain': set data.fields.answer if the rows keep the answer under another name")
+
+
+def test_parquet_row_with_a_null_prompt(tmp_path):
+    path = write_parquet(tmp_path / "train.parquet",
+                         {"prompt": ["add 1 2", None], "answer": ["3", "4"]})
+    assert splits_error(tmp_path, path).startswith(
+        f"data.train_path: {path}: row 2: field 'prompt' must be str or a list of chat "
+        "messages")
+
+
+def test_field_mapping_to_a_missing_column(tmp_path):
+    path = write_parquet(tmp_path / "train.parquet",
+                         {"prompt": ["add 1 2"], "solution": ["3"]})
+    assert splits_error(tmp_path, path, "data.fields.answer=solutoin") == (
+        f"data.train_path: {path}: row 1: missing field 'solutoin' (fields there: 'prompt', "
+        "'solution'); format 'plain': set data.fields.answer if the rows keep the answer "
+        "under another name")
+
+
+def test_gsm8k_answer_without_its_final_line(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [
+        {"question": "1 + 2?", "answer": "1 + 2 = 3\n#### 3"},
+        {"question": "2 + 2?", "answer": "2 + 2 = 4"}])
+    assert splits_error(tmp_path, path, "data.format=gsm8k") == (
+        f"data.train_path: {path}: row 2: field 'answer' has no final line '#### <answer>' "
+        "(format 'gsm8k')")
+
+
+def test_unreadable_parquet_file(tmp_path):
+    good = write_parquet(tmp_path / "good.parquet", {"prompt": ["add 1 2"], "answer": ["3"]})
+    path = tmp_path / "train.parquet"
+    path.write_bytes(good.read_bytes()[:40])  # cut short: no footer
+    assert splits_error(tmp_path, path).startswith(
+        f"data.train_path: data file '{path}' is not a readable Parquet file (ArrowInvalid")
+
+
+def test_empty_data_file(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [])
+    assert splits_error(tmp_path, path) == f"data.train_path: data file '{path}' holds no rows"
+
+
+def test_unreadable_suffix_is_refused_with_the_config(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[f"data.train_path={tmp_path}/rows.csv",
+                               f"data.eval_path={tmp_path}/rows.jsonl"])
+    assert str(error.value).startswith(
+        f"config key 'data.train_path': data file '{tmp_path}/rows.csv' has suffix '.csv'; "
+        "readable suffixes: .jsonl, .json, .parquet")
+
+
+def test_prompt_longer_than_max_prompt_tokens_names_the_row():
+    from eddyrl.models.tiny import build_tokenizer
+
+    rows = [{"prompt": "add 1 2", "answer": "3"}, {"prompt": "add " + "9 " * 40, "answer": "1"}]
+    with pytest.raises(ConfigError) as error:
+        PromptSet.from_rows(rows, "train.jsonl", build_tokenizer(), 32, "error")
+    assert str(error.value).startswith("train.jsonl: row 2: prompt is ")
+    assert str(error.value).endswith("tokens, more than data.max_prompt_tokens=32 (raise it, or "
+                                     "set data.prompt_overflow=truncate)")

@@ -1,0 +1,118 @@
+"""Bad reward code: a dotted path that does not load fails at start-up naming the config key; a
+reward that raises, returns NaN/inf or a non-number, or hangs, scores 0 for that sample, the
+error is recorded and counted (`reward_errors`), and the run goes on."""
+
+import math
+import signal
+import threading
+import time
+
+import pytest
+
+from eddyrl.config import load_config
+from eddyrl.core.rewarding import SafeReward, load_reward_fn
+from eddyrl.errors import ConfigError
+
+
+@pytest.mark.parametrize("dotted, problem", [
+    pytest.param("eddyrl_no_such_pkg.grader:reward",
+                 "module 'eddyrl_no_such_pkg.grader' cannot be imported (ModuleNotFoundError: "
+                 "No module named 'eddyrl_no_such_pkg')", id="module-missing"),
+    pytest.param("eddyrl.tasks.reward:rewrad",
+                 "module 'eddyrl.tasks.reward' has no attribute 'rewrad'", id="attribute-missing"),
+    pytest.param("eddyrl.tasks.reward:_WELL_FORMED",
+                 "the object is a Pattern, not a callable fn(response_text, answer) -> float",
+                 id="not-callable"),
+    pytest.param("eddyrl.tasks.reward.reward",
+                 "is not a dotted path of the form 'package.module:Name'", id="no-colon"),
+])
+def test_reward_fn_that_does_not_load_names_the_config_key(dotted, problem):
+    with pytest.raises(ConfigError) as error:
+        load_reward_fn(dotted)
+    separator = " " if problem.startswith("is not") else ": "
+    assert str(error.value) == f"config key 'data.reward_fn' = {dotted!r}{separator}{problem}"
+
+
+def fail(message):
+    raise ZeroDivisionError(message)
+
+
+@pytest.mark.parametrize("fn, error", [
+    pytest.param(lambda r, a: fail("grader divided by zero"),
+                 "ZeroDivisionError: grader divided by zero", id="raises"),
+    pytest.param(lambda r, a: float("nan"), "reward function returned nan", id="nan"),
+    pytest.param(lambda r, a: -math.inf, "reward function returned -inf", id="inf"),
+    pytest.param(lambda r, a: "high", "ValueError: could not convert string to float: 'high'",
+                 id="not-a-number"),
+])
+def test_bad_reward_scores_zero_and_is_counted(fn, error):
+    reward = SafeReward(fn)
+    assert reward("1 2 = 3", "3") == (0.0, error)
+    assert reward("1 2 = 3", "3") == (0.0, error)
+    assert reward.errors == 2 and reward.last_errors == [error, error]
+    assert SafeReward(lambda r, a: 1.0)("x", "y") == (1.0, None)  # a good one is untouched
+
+
+def sleeps(response, answer):
+    time.sleep(30)
+    return 1.0
+
+
+def spins_and_swallows(response, answer):
+    """Busy, and catches every Exception: the limit must still cut it off."""
+    try:
+        while True:
+            pass
+    except Exception:
+        return 1.0
+
+
+@pytest.mark.parametrize("fn", [sleeps, spins_and_swallows], ids=["sleeps", "spins"])
+def test_hanging_reward_is_cut_off_at_reward_timeout_s(fn):
+    reward = SafeReward(fn, timeout_s=0.2)
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's, if it runs
+    start = time.monotonic()
+    assert reward("1 2 = 3", "3") == (
+        0.0, "reward function took longer than data.reward_timeout_s=0.2s")
+    assert time.monotonic() - start < 5 and reward.errors == 1
+    left = signal.getitimer(signal.ITIMER_REAL)[0]  # the reward's own timer is gone
+    assert left == 0 if outer == 0 else outer - 5 < left <= outer
+    # a quick reward under the same limit scores as usual
+    assert SafeReward(lambda r, a: len(r), timeout_s=0.2)("ab", "") == (2.0, None)
+
+
+def test_hanging_reward_off_the_main_thread_is_cut_off_too():
+    reward, out = SafeReward(sleeps, timeout_s=0.2), []
+    worker = threading.Thread(target=lambda: out.append(reward("1 2 = 3", "3")))
+    worker.start()
+    worker.join(10)
+    assert out == [(0.0, "reward function took longer than data.reward_timeout_s=0.2s")]
+    assert reward.errors == 1
+
+
+def test_reward_timeout_keeps_an_outer_timer():
+    """A test runner's (pytest-timeout's) alarm survives the reward's own."""
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 50.0)
+        assert SafeReward(lambda r, a: 0.5, timeout_s=0.2)("x", "y") == (0.5, None)
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 40 < left <= 50 and signal.getsignal(signal.SIGALRM) is not previous
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired
+
+
+def test_reward_timeout_setting(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=["data.reward_timeout_s=0"])
+    assert str(error.value) == ("config key 'data.reward_timeout_s' = 0.0 is out of range; "
+                                "allowed: (0, inf)")
+    from eddyrl.launch import prepare
+
+    config = load_config(overrides=["data.reward_timeout_s=0.5", "data.train_size=4",
+                                    "data.eval_size=2"])
+    reward = prepare(config, tiny_model_dir, tmp_path)[-1]
+    assert reward.timeout_s == 0.5  # what a run scores with
