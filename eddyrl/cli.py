@@ -88,6 +88,19 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(ns: argparse.Namespace) -> int:
+    from .observability.report import report
+
+    result = report(ns.run_dir)
+    for path in result["written"]:
+        print(path)
+    for role, ratio in result.get("idle_ratio", {}).items():
+        print(f"{role} idle: {ratio:.1%}")
+    if "no_trace" in result:
+        print(f"# {result['no_trace']}")
+    return 0
+
+
 def _scenario(name: str | None) -> str | None:
     """A scenario file, or the name of one under configs/sim/."""
     from pathlib import Path
@@ -222,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="PNG plots of a run into <run_dir>/report/: reward and "
+                       "held-out accuracy vs time, idle ratio by role, staleness, timeline")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("sim", help="simulate a cluster run: <scenario> [key=value ...] (a file, "
                        "or a name under configs/sim/)")

@@ -19,6 +19,9 @@ from .core.rewarding import SafeReward, load_reward_fn
 from .engines.inference.base import SamplingParams
 from .errors import ConfigError
 from .hal import get_platform
+from .observability.sinks import open_sinks
+from .observability.trace import Trace
+from .observability.tracing import TracingRuntime, flush_at_checkpoints
 from .runtime.placement import resolve_role_platforms, role_platform_name
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
@@ -33,25 +36,11 @@ def resolve_run_dir(config: EddyConfig) -> Path:
     return (Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
 
-class MetricsFile:
-    """Appends one JSON object per line; flushed each step so a crash loses nothing logged."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = open(path, "a", encoding="utf-8")
-
-    def __call__(self, metrics: dict[str, Any]) -> None:
-        self.file.write(json.dumps(metrics, sort_keys=True) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     """Tokenizer, prompt sets, loop settings and the guarded reward function of a run."""
-    from transformers import AutoTokenizer
+    from .models.config import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)  # checked against the model's vocabulary
     data = config.data
     train_rows, eval_rows, train_src, eval_src = load_splits(data, data_dir, config.seed)
     train_set = PromptSet.from_rows(train_rows, train_src, tokenizer, data.max_prompt_tokens,
@@ -77,7 +66,8 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
                                 temperature=rollout.temperature, top_p=rollout.top_p,
                                 top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
                                 stop_strings=stop_strings))
-    return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn))
+    return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn),
+                                                                timeout_s=data.reward_timeout_s)
 
 
 def _plan_cost(config: EddyConfig, model_path: str):
@@ -134,7 +124,9 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     model_path = config.model.resolve()
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
                                                                run_dir / "data")
-    metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+    # metrics.jsonl, and TensorBoard / W&B as `observe` says (eddyrl/observability/sinks.py)
+    metrics_file = open_sinks(config.observe, run_dir, dataclasses.asdict(config),
+                              resumed_at=None if point is None else point.step)
 
     def log(metrics: dict[str, Any]) -> None:
         metrics = {**metrics, "wall_s": time.monotonic() - started}
@@ -142,13 +134,23 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
         on_step(metrics)
 
     runtime = RayRuntime(config, model_path, str(run_dir))
+    if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
+        # time.monotonic, so `started` puts the trace on the same time axis as wall_s
+        runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)
+        reward = runtime.timed_reward(reward)
     try:
         controller = Controller(runtime, settings, train_set, eval_set,
                                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 reward=reward, log=log)
         controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
+        if isinstance(runtime, TracingRuntime):
+            controller.checkpoint = flush_at_checkpoints(
+                controller.checkpoint, config.checkpoint.every, runtime.trace,
+                str(run_dir / "trace.json"))
         summary = asyncio.run(_run_and_save(controller, runtime, run_dir, config, point))
     finally:
+        if isinstance(runtime, TracingRuntime):  # also after a failure: what led up to it
+            runtime.close().write(str(run_dir / "trace.json"))
         runtime.shutdown()
         metrics_file.close()
     summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),

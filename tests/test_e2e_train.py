@@ -39,6 +39,26 @@ def test_eddy_train_cli_writes_metrics_summary_and_checkpoint(tiny_model_dir, tm
     assert lines[-1]["version"] == 2 and lines[-1]["mismatch_abs_max"] < 1e-4
     model = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint")
     assert sum(p.numel() for p in model.parameters()) > 0
+    # observability: every worker's activity in trace.json, TensorBoard scalars, eddy report
+    from eddyrl.cli import main
+    from eddyrl.observability.sinks import summary_writer_class
+    from eddyrl.observability.trace import Trace
+
+    trace = json.loads((run_dir / "trace.json").read_text())
+    spans = {(e["pid"], e["tid"], e["name"]) for e in trace["traceEvents"] if e["ph"] == "X"}
+    rollout, train, driver = Trace.ROLES["rollout"], Trace.ROLES["train"], Trace.ROLES["driver"]
+    assert {(rollout, 0, "generate"), (rollout, 0, "weight sync"), (train, 0, "train"),
+            (train, 0, "weight sync"), (driver, 0, "reward"), (train, 0, "checkpoint")} <= spans
+    assert 0 < trace["otherData"]["duration_s"] <= summary["wall_seconds"]
+    if summary_writer_class() is not None:  # the `observe` extra (in `dev`)
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert main(["report", str(run_dir)]) == 0
+    assert {p.name for p in (run_dir / "report").glob("*.png")} == \
+        {"reward.png", "staleness.png", "idle.png", "timeline.png"}
 
 
 @pytest.mark.slow
@@ -193,6 +213,10 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
     # a lend starts, requests were routed before it)
     assert all(m["routed_requests"] == 0 for m, now, before in zip(steps[1:], lent[1:], lent)
                if now and before)
+    # the trace shows worker 1's time lent to training on its own track (rollout pid 1)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert {"join", "replica", "leave"} <= {e["name"] for e in events
+                                            if e["ph"] == "X" and (e["pid"], e["tid"]) == (1, 1)}
 
 
 @pytest.mark.slow
@@ -316,3 +340,7 @@ def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_
                for g in groups.values())
     report = ledger.check_exactly_once([g["prompt_index"] for g in fresh], epoch=0)
     assert not report.missing and not report.duplicated
+    # the trace draws each replacement on the lost worker's own track (rollout pid 1)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(e["name"] == "replace" and (e["pid"], e["tid"]) == (1, 0) for e in events
+               if e["ph"] == "X")

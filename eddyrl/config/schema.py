@@ -11,6 +11,7 @@ from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..envs.config import EnvConfig
 from ..models.config import ModelConfig
+from ..observability.config import ObserveConfig
 from ..runtime.config import ClusterConfig
 from ..runtime.sim_config import SimConfig
 from ..scheduler.adaptive import AdaptiveConfig
@@ -41,6 +42,8 @@ class EddyConfig:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes; none: single-turn
+    # metrics to TensorBoard / W&B and the worker trace, besides metrics.jsonl
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
     sim: SimConfig = field(default_factory=SimConfig)  # `eddy sim` only: the simulated cluster
 
     def validate(self, prefix: str = "") -> None:

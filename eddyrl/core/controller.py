@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
 from ..engines.config import RolloutConfig
 from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
@@ -49,9 +49,9 @@ class Runtime(Protocol):
                  ) -> AsyncIterator[GenerationResult]: ...
     async def abort(self, worker: int, request_ids: list[str]) -> None: ...
     async def train(self, batch: TrainBatch) -> dict[str, float]: ...
-    async def sync_weights(self, version: int) -> list[int]:
+    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         """Publish `version` to every rollout worker; returns the version each one now hosts
-        (a busy worker keeps its running requests' version, with the new one staged)."""
+        (a busy worker, or one in `hold`, keeps its version, with the new one staged)."""
         ...
     async def worker_stats(self) -> list[Any]:
         """Each rollout worker's `EngineStats` (KV-cache use, queues)."""
@@ -193,6 +193,7 @@ class Controller:
                 "tokens_generated": sum(m.get("gen_tokens", 0) for m in self.history),
                 "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
                 "reward_errors": self.reward.errors,
+                "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
@@ -237,7 +238,8 @@ class Controller:
                                    else self.runtime.train(batch))
         t2 = self.runtime.now()
         self.window.advance()
-        self.rollout.published(self.version, await self.runtime.sync_weights(self.version))
+        self.rollout.published(self.version, await self.runtime.sync_weights(
+            self.version, hold=self.rollout.holding()))
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
         # DORA: the new version's share of workers, before its prompts are dispatched.
@@ -258,6 +260,8 @@ class Controller:
                 "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
                 "staleness_max": max(lags, default=0),
+                # per-sample lags as counts, for `eddy report`'s staleness histogram
+                "staleness_counts": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
                 "samples_trained": sum(len(g.trajectories) for g in groups),
                 "replay_samples": replay_samples, "skipped": int(not groups),
                 "replay_fraction": len(replayed) / max(len(groups), 1),
