@@ -97,3 +97,12 @@ class ScriptedEngine:
         return EngineStats(running=self._running, waiting=0, version=self.version,
                            tokens_generated=self._tokens, busy_seconds=0.0,
                            staged_version=self._staged)
+
+
+async def until(condition, steps: int = 10_000):
+    """Let the event loop run until `condition()` holds (deterministic: no clock)."""
+    for _ in range(steps):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never met")

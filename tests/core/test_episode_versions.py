@@ -12,7 +12,7 @@ next turn runs on the new weights, each token recording its version.
 
 import asyncio
 
-from scripted_engine import STOP, ScriptedEngine
+from scripted_engine import STOP, ScriptedEngine, until
 
 from eddyrl.core.episodes import Episodes
 from eddyrl.core.ledger import Ledger
@@ -72,14 +72,6 @@ def _dispatch(rollout, name, n=1, worker=None):
     return [r for rid, r in rollout._requests.items() if rid.startswith(f"{name}-")]
 
 
-async def _until(condition):
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never met")
-
-
 async def _publish(rollout, engines, version):
     for engine in engines:
         await engine.load_weights(version)
@@ -98,11 +90,11 @@ def test_an_episode_whose_worker_took_new_weights_goes_on_where_its_version_is_h
         rollout = _rollout(engines, {"a": ("wait", "done"), "b": ("done",)}, gates)
         (a,) = _dispatch(rollout, "a", worker=0)
         _dispatch(rollout, "b", worker=1)  # held: worker 1 stays busy on version 0
-        await _until(lambda: a.episode.stepping)  # turn 1 done; its tool call runs
+        await until(lambda: a.episode.stepping)  # turn 1 done; its tool call runs
         await _publish(rollout, engines, 1)
         assert [e.version for e in engines] == [1, 0]  # idle: applied; busy: staged
         gates["a"].set()
-        await _until(lambda: "a" not in str(list(rollout._requests)))  # a finished
+        await until(lambda: "a" not in str(list(rollout._requests)))  # a finished
         engines[1].holds["b"].set()
         return rollout, engines, await rollout.next_batch()
 
@@ -125,7 +117,7 @@ def test_an_episode_restarts_only_when_no_worker_hosts_its_version_and_is_counte
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done")}, gates, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await _until(lambda: a.episode.stepping)
+        await until(lambda: a.episode.stepping)
         await _publish(rollout, engines, 1)  # the only worker is idle: version 0 is gone
         gates["a"].set()
         return rollout, engines, await rollout.next_batch()
@@ -152,7 +144,7 @@ def test_a_sync_holds_an_idle_workers_version_for_its_episode_between_turns():
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done"), "b": ("done",)}, gates, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await _until(lambda: a.episode.stepping)
+        await until(lambda: a.episode.stepping)
         held = rollout.holding()
         await engines[0].load_weights(1, hold=0 in held)
         rollout.window.advance()
@@ -187,14 +179,14 @@ def test_new_version_work_keeps_off_a_worker_whose_episode_waits_for_its_version
                                      "c": ("done",)}, gates, slots=1)
         (a,) = _dispatch(rollout, "a", worker=0)
         _dispatch(rollout, "b", worker=0)
-        await _until(lambda: a.episode.stepping)
+        await until(lambda: a.episode.stepping)
         await _publish(rollout, engines, 1)
         assert [e.version for e in engines] == [0, 1]
         _dispatch(rollout, "x", n=4, worker=1)
         (c,) = _dispatch(rollout, "c")
         assert c.worker == 1
         engines[0].holds["b"].set()  # worker 0 drains b: nothing asks it to switch
-        await _until(lambda: engines[0].stats().running == 0)
+        await until(lambda: engines[0].stats().running == 0)
         gates["a"].set()
         engines[1].holds["x"].set()
         groups = await rollout.next_batch()
@@ -214,7 +206,7 @@ def test_with_partial_rollout_the_next_turn_runs_on_the_new_weights():
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done")}, gates, partial=True, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await _until(lambda: a.episode.stepping)
+        await until(lambda: a.episode.stepping)
         await _publish(rollout, engines, 1)
         gates["a"].set()
         return rollout, await rollout.next_batch()

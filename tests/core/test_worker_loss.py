@@ -5,7 +5,7 @@ version contract, no model) in a runtime that can lose and replace them."""
 
 import asyncio
 
-from scripted_engine import ScriptedEngine
+from scripted_engine import ScriptedEngine, until
 
 from eddyrl.core.ledger import Ledger, State
 from eddyrl.core.orchestrator import VersionOrchestrator
@@ -64,14 +64,6 @@ def _dispatch(rollout, name, n, worker):
                      worker=worker)
 
 
-async def _until(condition):
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never met")
-
-
 def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back():
     async def run():
         engines = [ScriptedEngine(token=3), ScriptedEngine(token=4)]
@@ -79,10 +71,10 @@ def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back(
         runtime = LossyRuntime(engines)
         rollout = _rollout(runtime)
         _dispatch(rollout, "g0", 2, worker=0)
-        await _until(lambda: engines[0]._running == 2)
+        await until(lambda: engines[0]._running == 2)
         runtime.kill(0)
         engines[0].holds["g0"].set()  # its next step reaches the (dead) stream
-        await _until(lambda: rollout.workers_lost == 1)
+        await until(lambda: rollout.workers_lost == 1)
         assert rollout.orchestrator.available == [False, True]
         batch = await rollout.next_batch()
         # both samples regenerated on worker 1 from scratch, each on one version (C1)
@@ -95,8 +87,8 @@ def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back(
         assert any("rollout worker 0 lost" in (h.get("reason") or "") for h in history)
         # the replacement comes back on the published weights and gets work again
         runtime.replacements.set()
-        await _until(lambda: runtime.replaced == [0])
-        await _until(lambda: rollout.orchestrator.available == [True, True])
+        await until(lambda: runtime.replaced == [0])
+        await until(lambda: rollout.orchestrator.available == [True, True])
         _dispatch(rollout, "g1", 1, worker=0)
         await rollout.next_batch()
         assert runtime.workers[0].started == [("g1-0", 0)]
@@ -112,10 +104,10 @@ def test_with_every_worker_lost_requests_wait_for_the_replacement():
         runtime = LossyRuntime([engine])
         rollout = _rollout(runtime)
         _dispatch(rollout, "g0", 2, worker=0)
-        await _until(lambda: engine._running == 2)
+        await until(lambda: engine._running == 2)
         runtime.kill(0)
         engine.holds["g0"].set()
-        await _until(lambda: rollout.workers_lost == 1)
+        await until(lambda: rollout.workers_lost == 1)
         assert len(rollout._parked) == 2  # nowhere to run until the worker is back
         runtime.replacements.set()
         batch = await rollout.next_batch()

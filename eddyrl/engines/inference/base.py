@@ -12,6 +12,7 @@ import torch
 
 if TYPE_CHECKING:
     from ...hal import BucketSpec
+    from .stop_strings import StopStrings
 
 
 @dataclass(slots=True)
@@ -77,6 +78,24 @@ class GenerationResult:
     def final(self) -> bool:
         """The request's last result (every reason but "progress")."""
         return self.finish_reason != "progress"
+
+
+@dataclass
+class OutputSoFar:
+    """A request's output as an engine builds it: its tokens, the sampled tokens' log-probs
+    and versions, resumed ones included (a partial rollout or a migration continues them),
+    and the watch for its stop strings. Each engine adds how its own steps extend it."""
+
+    request: GenerationRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    stops: StopStrings | None = None  # watches the generated text for stop strings
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.request.resume_ids)
+        self.logprobs = list(self.request.resume_logprobs)
+        self.versions = list(self.request.resume_versions)
 
 
 @dataclass(slots=True)

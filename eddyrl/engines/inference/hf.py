@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterable
 
 import torch
@@ -28,24 +28,13 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from ...hal import Platform
 from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
-                   check_request)
+                   OutputSoFar, check_request)
 from .sampling import sample
-from .stop_strings import StopStrings, watcher
+from .stop_strings import watcher
 
 
 @dataclass
-class _Row:
-    request: GenerationRequest
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    stops: StopStrings | None = None  # watches the generated text for stop strings
-
-    def __post_init__(self) -> None:  # resumed (partial) requests keep their history
-        self.tokens = list(self.request.resume_ids)
-        self.logprobs = list(self.request.resume_logprobs)
-        self.versions = list(self.request.resume_versions)
-
+class _Row(OutputSoFar):
     def result(self, reason: str) -> GenerationResult:
         return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
                                 self.tokens, self.logprobs, self.versions, reason)

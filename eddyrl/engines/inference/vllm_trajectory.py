@@ -4,25 +4,13 @@ and the stop-string watch over them. It outlives the vLLM requests (segments) th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .base import GenerationRequest, GenerationResult
-from .stop_strings import StopStrings
+from .base import GenerationResult, OutputSoFar
 
 
 @dataclass
-class Trajectory:
-    request: GenerationRequest
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    stops: StopStrings | None = None  # watches the generated text for stop strings
-
-    def __post_init__(self) -> None:  # resumed (partial) requests keep their history
-        self.tokens = list(self.request.resume_ids)
-        self.logprobs = list(self.request.resume_logprobs)
-        self.versions = list(self.request.resume_versions)
-
+class Trajectory(OutputSoFar):
     def extend(self, token_ids, logprobs, version: int) -> bool:
         """Append the new tokens; True (and the rest dropped) at one completing a stop string."""
         if len(token_ids) != len(logprobs or ()):
