@@ -37,6 +37,7 @@ from .orchestrator import VersionOrchestrator
 from .replay import ReplayBuffer, ReplayConfig
 from .rewarding import SafeReward
 from .rollout import StreamingRollout
+from .step_metrics import counters_since, rollout_metrics
 from .trajectory import Group
 from .version_window import VersionWindow
 
@@ -255,7 +256,7 @@ class Controller:
         tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
         train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
         replay_samples = sum(len(g.trajectories) for g, _ in replayed)
-        env_metrics = _since(episodes.stats.metrics(), env_before) if episodes else {}
+        env_metrics = counters_since(episodes.stats.metrics(), env_before) if episodes else {}
         return {**rollout_metrics, **train_metrics, **elastic_metrics, **env_metrics,
                 "version": self.version,
                 "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
@@ -337,7 +338,7 @@ class Controller:
         algo = self.settings.algorithm
         self._fill_pipeline()
         if not self.fresh_per_step:
-            return [], _rollout_metrics([], self.reward.errors)
+            return [], rollout_metrics([], self.reward.errors)
         generated = await self.rollout.next_batch()
         # Taking the batch may free in-flight room (loop.max_inflight_prompts): the next batch
         # starts generating now, while this one trains.
@@ -351,7 +352,7 @@ class Controller:
                                             self.settings.sampling, track=True)
             generated += groups
             kept += self._drop_uninformative(groups)
-        return kept, _rollout_metrics(generated, self.reward.errors)
+        return kept, rollout_metrics(generated, self.reward.errors)
 
     def _drop_uninformative(self, groups: list[Group]) -> list[Group]:
         if not self.settings.algorithm.dynamic_sampling:
@@ -377,7 +378,7 @@ class Controller:
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
                                                  sampling, track=False)
         rewards = [g.trajectories[0].reward for g in groups]
-        env_metrics = _since(episodes.eval_stats.metrics("eval_env/"), env_before) \
+        env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before) \
             if episodes else {}
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}
@@ -389,22 +390,3 @@ class Controller:
 
 def vars_of(params: SamplingParams) -> dict[str, Any]:
     return {name: getattr(params, name) for name in params.__slots__}
-
-
-def _since(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    """Counters' growth since `before` (environment statistics of one step)."""
-    return {name: value - before.get(name, 0.0) for name, value in now.items()}
-
-
-def _rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
-    trajectories = [t for g in groups for t in g.trajectories]
-    rewards = [t.reward for t in trajectories] or [0.0]
-    lengths = [t.num_tokens for t in trajectories] or [0]  # environment tokens included
-    prompts = [len(t.result.prompt_ids) for t in trajectories] or [0]
-    return {"reward_mean": sum(rewards) / len(rewards),
-            "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "response_len_mean": sum(lengths) / len(lengths),
-            "response_len_max": max(lengths),
-            "gen_tokens": sum(t.num_generated for t in trajectories),
-            "prompt_len_mean": sum(prompts) / len(prompts),
-            "groups_generated": len(groups), "reward_errors": reward_errors}
