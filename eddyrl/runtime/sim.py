@@ -24,10 +24,10 @@ from ..errors import ConfigError
 from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from ..engines.inference.sim import SimInferenceEngine
 from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
+from ..observability.trace import Trace as Timeline  # the worker timeline real runs write too
 from ..scheduler.buckets import worker_batch_size
 from ..scheduler.cost_model import CostModel
 from ..tasks import workload as synthetic
-from .sim_timeline import Timeline
 from .virtual_clock import run_virtual
 
 
