@@ -168,6 +168,24 @@ def test_episode_rows_are_prompt_turns_and_observations_with_the_engines_logprob
     assert runtime.workers[0].stats().running == 0
 
 
+async def _publish_between_turns(runtime, rollout, ledger, tokenizer):
+    """Dispatch one group of two episodes, wait until both wait for their environment (the
+    `GATE`), publish version 1 (the same weights) to the only worker, open the gate, and
+    return the batch; returns (engine version right after publishing, batch)."""
+    global GATE
+    GATE = asyncio.Event()
+    rollout.dispatch([_group(ledger, tokenizer)], 2, _sampling(tokenizer))
+    while not all(r.episode.stepping for r in rollout._requests.values()):
+        await asyncio.sleep(0.005)
+    engine = runtime.workers[0]
+    await engine.load_weights(1, [dict(engine.model.state_dict())])  # same weights
+    rollout.window.advance()
+    rollout.published(1, [engine.version])
+    published = engine.version
+    GATE.set()
+    return published, await rollout.next_batch()
+
+
 def test_each_turn_keeps_the_version_that_generated_it(tiny_model_dir, tokenizer):
     """Partial rollout: new weights published while the environment works reach the next turn;
     the observation carries the version of the turn it answers."""
@@ -176,17 +194,8 @@ def test_each_turn_keeps_the_version_that_generated_it(tiny_model_dir, tokenizer
     rollout, ledger = _rollout(runtime, tokenizer, factory, k=1, partial=True)
 
     async def scenario():
-        global GATE
-        GATE = asyncio.Event()
-        rollout.dispatch([_group(ledger, tokenizer)], 2, _sampling(tokenizer))
-        while not all(r.episode.stepping for r in rollout._requests.values()):
-            await asyncio.sleep(0.005)
-        engine = runtime.workers[0]
-        await engine.load_weights(1, [dict(engine.model.state_dict())])  # same weights
-        rollout.window.advance()
-        rollout.published(1, [engine.version])
-        GATE.set()
-        return await rollout.next_batch()
+        _, batch = await _publish_between_turns(runtime, rollout, ledger, tokenizer)
+        return batch
 
     (group,) = asyncio.run(scenario())
     for t in group.trajectories:
@@ -209,18 +218,9 @@ def test_an_episode_whose_version_is_gone_restarts_in_a_fresh_environment(tiny_m
     Scripted.closed = 0
 
     async def scenario():
-        global GATE
-        GATE = asyncio.Event()
-        rollout.dispatch([_group(ledger, tokenizer)], 2, _sampling(tokenizer))
-        while not all(r.episode.stepping for r in rollout._requests.values()):
-            await asyncio.sleep(0.005)
-        engine = runtime.workers[0]
-        await engine.load_weights(1, [dict(engine.model.state_dict())])
-        rollout.window.advance()
-        rollout.published(1, [engine.version])
-        assert engine.version == 1  # idle: applied at once
-        GATE.set()
-        return await rollout.next_batch()
+        published, batch = await _publish_between_turns(runtime, rollout, ledger, tokenizer)
+        assert published == 1  # idle: applied at once
+        return batch
 
     (group,) = asyncio.run(scenario())
     assert rollout.restarted == 2

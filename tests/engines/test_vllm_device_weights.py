@@ -80,6 +80,17 @@ def _broadcast_while(channel, buckets, receive):
             sent.result(timeout=TIMEOUT_S)  # every rank took part: the sends completed
 
 
+def _check_delayed_while_busy(engine, channel, buckets, specs, hosted, new):
+    """An update received while the engine hosting `hosted` decodes is staged (the running
+    trajectories keep one version) and serves the requests after them."""
+    stats, busy = _broadcast_while(channel, buckets,
+                                   lambda: _receive_while_busy(engine, new, specs))
+    assert stats.running + stats.waiting  # still busy: the update was delayed
+    assert (stats.version, stats.staged_version) == (hosted, new)
+    assert {v for r in busy for v in r.versions} == {hosted}  # one version per trajectory
+    assert all(set(r.versions) == {new} for r in _greedy(engine, 1, 5))
+
+
 async def _receive_while_busy(engine, version, specs):
     """Receive while long requests decode one at a time; they are aborted once the stats are
     read (so that no timing decides whether they still run, on any device). Returns (stats
@@ -276,12 +287,7 @@ def test_the_engine_takes_a_collective_channel_s_broadcast_itself(monkeypatch, v
         assert vllm.version == 7 and vllm.stats().staged_version is None
         _same_outputs(_greedy(vllm), received)
 
-        stats, busy = _broadcast_while(channel, buckets,
-                                       lambda: _receive_while_busy(vllm, 9, specs))
-        assert stats.running + stats.waiting  # still busy: the update was delayed
-        assert (stats.version, stats.staged_version) == (7, 9)
-        assert {v for r in busy for v in r.versions} == {7}  # one version per trajectory
-        assert all(set(r.versions) == {9} for r in _greedy(vllm, 1, 5))
+        _check_delayed_while_busy(vllm, channel, buckets, specs, hosted=7, new=9)
     finally:
         channel.close()
 
@@ -349,12 +355,7 @@ def test_weights_reach_vllm_device_to_device(platform_name, tiny_model_dir, tmp_
         asyncio.run(engine.load_weights(2, buckets))  # the same weights through host memory
         _same_outputs(_greedy(engine), received, tol=1e-3)
 
-        stats, busy = _broadcast_while(channel, buckets,
-                                       lambda: _receive_while_busy(engine, 3, specs))
-        assert stats.running + stats.waiting  # still busy: the update was delayed
-        assert (stats.version, stats.staged_version) == (2, 3)
-        assert {v for r in busy for v in r.versions} == {2}  # one version per trajectory
-        assert all(set(r.versions) == {3} for r in _greedy(engine, 1, 5))
+        _check_delayed_while_busy(engine, channel, buckets, specs, hosted=2, new=3)
         channel.close()
     finally:
         engine.close()

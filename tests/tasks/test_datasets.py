@@ -146,15 +146,6 @@ BAD_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("fmt, bad, message", BAD_ROWS)
-def test_bad_row_names_file_row_and_field(tmp_path, fmt, bad, message):
-    good = SAME_PROBLEM[fmt][0]
-    path = _write_jsonl(tmp_path / "bad.jsonl", [good, good, bad])
-    with pytest.raises(ValueError) as error:
-        read_rows(path, FORMATS[fmt])
-    assert str(error.value).startswith(f"{path}: row 3: {message}")
-
-
 # In Parquet every row has every column: a missing value reads as None (null).
 BAD_PARQUET_ROWS = [
     ("dapo_math", _dapo(reward_model__ground_truth=None),
@@ -166,10 +157,13 @@ BAD_PARQUET_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("fmt, bad, message", BAD_PARQUET_ROWS)
-def test_bad_parquet_row_names_file_row_and_field(tmp_path, fmt, bad, message):
+@pytest.mark.parametrize("suffix, fmt, bad, message",
+                         [("jsonl", *case) for case in BAD_ROWS]
+                         + [("parquet", *case) for case in BAD_PARQUET_ROWS])
+def test_bad_row_names_file_row_and_field(tmp_path, suffix, fmt, bad, message):
     good = SAME_PROBLEM[fmt][0]
-    path = _write_parquet(tmp_path / "bad.parquet", [good, good, bad])
+    write = _write_jsonl if suffix == "jsonl" else _write_parquet
+    path = write(tmp_path / f"bad.{suffix}", [good, good, bad])
     with pytest.raises(ValueError) as error:
         read_rows(path, FORMATS[fmt])
     assert str(error.value).startswith(f"{path}: row 3: {message}")
