@@ -13,6 +13,10 @@ class PlatformError(EddyError, RuntimeError):
     """A platform is unknown, not installed, or not present on this machine."""
 
 
+class WorkerCallError(EddyError, RuntimeError):
+    """A worker failed or did not answer in time; the message says which and doing what."""
+
+
 class WorkerLost(EddyError, RuntimeError):
     """A rollout worker's process is gone (killed, crashed, its node lost). The rollout puts its
     requests back and the runtime replaces the worker; the run goes on."""

@@ -13,24 +13,18 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from ..config import EddyConfig
 from ..core.batch import TrainBatch
 from ..core.batching import split_for_ranks
 from ..engines.inference.base import EngineStats, GenerationRequest, GenerationResult
-from ..errors import EddyError, WorkerLost
+from ..errors import EddyError, WorkerCallError, WorkerLost
 from ..hal import get_platform
 from .placement import role_platform_name
 from .ray_placement import actor_options, check_split_devices, colocation_group
+from .ray_recovery import PublishedWeights, WorkerReplacement
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
-
-
-REPLACEMENT_ATTEMPTS = 3  # new processes tried for a lost rollout worker before giving up
-
-
-class WorkerCallError(EddyError, RuntimeError):
-    """A worker failed or did not answer in time; the message says which and doing what."""
 
 
 def start_ray(config: EddyConfig) -> None:
@@ -64,7 +58,7 @@ def start_ray(config: EddyConfig) -> None:
         ray.init(address=config.cluster.address, logging_level="WARNING")
 
 
-class RayRuntime:
+class RayRuntime(WorkerReplacement):
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
         import ray
 
@@ -112,13 +106,7 @@ class RayRuntime:
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
         self._incarnations = [0] * len(self.workers)
         self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
-        # The trainer's weights are ahead of the published version from a train step until its
-        # sync; a replacement's weight export waits for them to be published, and a train step
-        # waits for an export under way (`_exporting`).
-        self._weights: asyncio.Condition | None = None  # created on the run's loop
-        self._ahead = False
-        self._exporting = False
-        self._published = 0
+        self.weights = PublishedWeights()  # what a replacement may take, and when
         self._channel_generation = 0
         self._connect_weight_channel()
 
@@ -136,26 +124,6 @@ class RayRuntime:
 
     async def _all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
         return await asyncio.gather(*(self._call(*c) for c in calls))
-
-    async def _rollout_call(self, worker: int, what: str, call: Callable[[Any], Any]) -> Any:
-        """`call(actor)` on a rollout worker, its process's death raised as `WorkerLost` (the
-        rollout puts its requests back and has it replaced) rather than a run-ending error."""
-        import ray
-
-        if worker in self._lost:
-            raise WorkerLost(worker, what, "it is being replaced")
-        try:
-            return await self._call(f"rollout worker {worker}", what,
-                                    call(self.workers[worker]))
-        except WorkerCallError as exc:
-            if isinstance(exc.__cause__, ray.exceptions.RayActorError):
-                raise WorkerLost(worker, what, str(exc.__cause__).splitlines()[0]) from exc
-            raise
-
-    def _condition(self) -> asyncio.Condition:
-        if self._weights is None:  # bound to the loop the controller runs on
-            self._weights = asyncio.Condition()
-        return self._weights
 
     def _connect_weight_channel(self) -> None:
         """Open the weight channel between trainer rank 0 and every rollout worker. A worker
@@ -176,24 +144,6 @@ class RayRuntime:
         self._each_worker([w.connect_weight_channel.remote(kind, rendezvous, offset, world)
                            for w, offset in zip(self.workers, offsets)], kind, None)
         ray.get(trainers, timeout=self.timeout_s)
-
-    def _each_worker(self, refs: list[Any], kind: str, default: Any) -> list[Any]:
-        """The results of one call per rollout worker (in worker order), `default` for a worker
-        that died: marked lost, unless the channel is a collective group, which cannot form
-        without it (an error)."""
-        import ray
-
-        results = []
-        for index, ref in enumerate(refs):
-            try:
-                results.append(ray.get(ref, timeout=self.timeout_s))
-            except ray.exceptions.RayActorError:
-                if kind == "collective":
-                    raise WorkerCallError(f"rollout worker {index} died while the weight "
-                                          "channel's collective group formed") from None
-                self._lost.add(index)
-                results.append(default)
-        return results
 
     def _weight_channel_kind(self) -> str:
         """As configured; colocated roles on one device cannot join one collective (a device
@@ -246,9 +196,7 @@ class RayRuntime:
         """One RL step over the trainer ranks and, from the elastic pool, the rollout workers
         in `replicas` (joined and active): rows are split by tokens over all of them; each
         replica's gradients reach the ranks through the object store (no new communicator)."""
-        async with self._condition():  # not while a replacement exports the weights
-            await self._condition().wait_for(lambda: not self._exporting)
-            self._ahead = True
+        await self.weights.training()  # not while a replacement exports the weights
         if self.colocated:
             await self._hand_devices_to("train")
         switch_s, self._switch_s = self._switch_s, 0.0
@@ -298,9 +246,7 @@ class RayRuntime:
         the new one staged; -1 for a worker being replaced, which gets the weights as it comes
         back)."""
         hosted = await self._send_weights(version, hold)
-        async with self._condition():
-            self._ahead, self._published = False, version
-            self._condition().notify_all()
+        await self.weights.published(version)
         return hosted
 
     async def _send_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
@@ -330,62 +276,6 @@ class RayRuntime:
             else:
                 hosted[worker] = result
         return hosted
-
-    async def replace_worker(self, worker: int) -> int:
-        """A new process for a lost rollout worker: started, joined to the weight channel
-        (a collective group is rebuilt for every member) and loaded with the published
-        weights, sent to every worker again once the trainer's are published (a worker already
-        on them stages the same version). Returns the version it hosts."""
-        import ray
-
-        if self.colocated:
-            raise WorkerLost(worker, "generation", "a colocated rollout worker shares its "
-                             "device with a trainer rank and is not replaced; resume the run "
-                             "from its last checkpoint (resume=auto)")
-        self._lost.add(worker)
-        for attempt in range(1, REPLACEMENT_ATTEMPTS + 1):
-            version = await self._start_replacement(worker, f"replacement {attempt} of "
-                                                    f"{REPLACEMENT_ATTEMPTS}")
-            if version is not None:
-                return version
-        raise WorkerCallError(f"rollout worker {worker}: {REPLACEMENT_ATTEMPTS} replacement "
-                              "processes in a row died before taking work")
-
-    async def _start_replacement(self, worker: int, which: str) -> int | None:
-        """One new process for `worker`, up to its first weights: their version, or None when
-        it died on the way (the caller tries another)."""
-        import ray
-
-        ray.kill(self.workers[worker], no_restart=True)  # if it still half-lives
-        self._incarnations[worker] += 1
-        self.workers[worker] = self._new_worker(worker, self._incarnations[worker])
-        try:
-            await self._call(f"rollout worker {worker} ({which})", "start-up",
-                             self.workers[worker].stats.remote())
-        except WorkerCallError as exc:
-            if isinstance(exc.__cause__, ray.exceptions.RayActorError):
-                return None
-            raise
-        condition = self._condition()
-        async with condition:
-            await condition.wait_for(lambda: not self._ahead)
-            self._exporting = True
-        try:
-            self._lost.discard(worker)
-            await asyncio.to_thread(self._connect_weight_channel)
-            if worker in self._lost:
-                return None  # died joining the channel
-            hosted = await self._send_weights(self._published)
-        finally:
-            async with condition:
-                self._exporting = False
-                condition.notify_all()
-        return hosted[worker] if hosted[worker] >= 0 else None
-
-    @property
-    def replacements(self) -> int:
-        """Processes started to replace lost rollout workers, in all."""
-        return sum(self._incarnations)
 
     async def save(self, path: str) -> None:
         if self.colocated:  # the trainers gather their state on the devices
