@@ -10,7 +10,8 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
   recompute preemption does);
 - the **inference-engine contract** of `hf`: versions (a request joins the hosted version, waits
   for staged weights, or is refused), delayed weight updates (staged while requests run, applied
-  once they drain; with partial rollout at the next step), abort with partial output, progress
+  once they drain; with partial rollout at the next step, running sequences then re-prefilling
+  their context under the new weights, as `vllm` does), abort with partial output, progress
   notes at `report_at` lengths;
 - **multi-turn episodes** (`episode_of`): a sequence that reaches one of its tool calls leaves
   the batch, keeps its KV cache while the tool runs on the loop's clock (the engine is idle if
@@ -356,10 +357,10 @@ class SimInferenceEngine(InferenceEngine):
     def _idle_holders(self) -> list[SimSequence]:
         return [seq for seq in [*self._tools, *self._waiting] if seq.cached]
 
-    def _drop_cache(self, seq: SimSequence) -> None:
+    def _drop_cache(self, seq: SimSequence, preempted: bool = True) -> None:
         self._held_kv -= seq.cached
         seq.cached = seq.carried = 0  # a migrated cache not yet landed is recomputed instead
-        self.preemptions += 1
+        self.preemptions += preempted
 
     # ---- tools ------------------------------------------------------------------------------
     def _arrive(self, seq: SimSequence) -> None:
@@ -421,8 +422,13 @@ class SimInferenceEngine(InferenceEngine):
         if self._staged is None:
             return
         self._version, self._staged = self._staged, None
-        for seq in self._running.values():  # partial rollout: the next tokens are the new one's
-            seq.segments.append((self._version, self._step - seq.offset))
+        # partial rollout: running sequences go on under the new weights, but their KV cache
+        # came from the old ones, so they re-prefill their context first, as the `vllm` engine
+        # does (it aborts them, resets its prefix cache and resumes them); idle caches go too
+        for sid in list(self._running):
+            self._queue(self._stop(sid))
+        for seq in self._idle_holders():
+            self._drop_cache(seq, preempted=False)
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _next_event(self) -> int:
