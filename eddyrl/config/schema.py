@@ -111,6 +111,13 @@ class EddyConfig:
     def _check_elastic(self) -> None:
         from ..core.elastic_driver import parse_schedule
 
+        if self.adaptive.enabled and self.adaptive.switch_partial_rollout and \
+                self.rollout.fill_legacy:
+            raise contradiction(
+                "adaptive.switch_partial_rollout = True with rollout.fill_legacy = True: DORA's "
+                "legacy fill keeps every trajectory on one policy version, which partial "
+                "rollout would break; leave switch_partial_rollout off")
+
         if self.adaptive.enabled and not self.elastic.enabled:
             raise contradiction("adaptive.enabled = True needs elastic.enabled = True: the "
                                 "adaptive scheduler moves workers through the elastic pool")

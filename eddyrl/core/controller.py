@@ -141,11 +141,17 @@ class Controller:
             return None
         workers = len(self.runtime.workers)
         router = self.rollout.router
+        # Layouts move workers between buckets, which only makes sense while a bucket's
+        # instances are like any other's: not when buckets have their own parallelism (the
+        # simulator builds them that wide; a moved instance would keep its width)
+        movable = router is not None and \
+            len({spec.parallelism for spec in router.config.buckets}) == 1
         plan = GenerationPlan(concurrency=self.settings.rollout.max_batch_size,
                               partial_rollout=self.settings.rollout.partial_rollout,
-                              layout=router.layout if router is not None else ())
+                              layout=router.layout if movable else ())
         cost = self.settings.plan_cost
-        predictor = PlanPredictor(cost, plan) if adaptive.enabled and cost else None
+        predictor = PlanPredictor(cost, plan, tail_bounds_step=(
+            self.settings.algorithm.max_staleness == 0)) if adaptive.enabled and cost else None
         return ElasticDriver(
             self.runtime, self.rollout,
             build_pool(workers, self.settings.trainer_ranks, elastic),

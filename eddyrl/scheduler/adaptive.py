@@ -5,7 +5,8 @@ change the rollout/training split or the generation strategy, at most one change
   pressure p (waiting requests / capacity): give a borrowed worker back when p >= 0.80 or
   r <= 0.90; borrow one when r >= 1.15 and p < 0.80 (a worker borrowed from a saturated rollout
   would be returned at once). The gap between 0.90 and 1.15 is the hysteresis band.
-- **Generation strategy (ReFlow).** Candidate plans (concurrency x partial rollout on/off; with
+- **Generation strategy (ReFlow).** Candidate plans (concurrency x partial rollout on/off, the
+  latter only with `switch_partial_rollout`, since it changes the algorithm; with
   Libra's buckets also the bucket layout, i.e. workers per bucket: the current layout and every
   layout one worker away from it) are scored by the predicted step time max(t_rollout, t_train)
   from a pluggable predictor (the cost model). The best candidate replaces the current plan only if its relative gain over the
@@ -51,6 +52,10 @@ class AdaptiveConfig:
     smoothing: str = "ema"  # "ema" (alpha = 2 / (window + 1)) or "median" of the last window
     window: int = 8  # steps of smoothing; also measurements needed after a change
     concurrency_choices: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    # Whether a plan may turn partial rollout on or off. It changes the algorithm (trajectories
+    # then span policy versions, breaking DORA's one-version-per-trajectory), so a plan keeps
+    # the run's `rollout.partial_rollout` unless this is set.
+    switch_partial_rollout: bool = False
     # The cost model's hardware for plan predictions: a table name (H100, 910B2, ...), or auto
     # (measure this machine when rollout runs on the CPU; no plan predictions otherwise).
     accelerator: str = "auto"
@@ -265,7 +270,9 @@ class AdaptiveScheduler:
         if predict is None:
             return None, "no plan predictor"
         current_s = _predicted_step_s(predict, self.plan)
-        others = [p for p in self.candidates() if p != self.plan]  # never empty
+        others = [p for p in self.candidates() if p != self.plan]
+        if not others:
+            return None, "no other plan to choose (one concurrency choice, no buckets)"
         scored = [(_predicted_step_s(predict, p), i, p) for i, p in enumerate(others)]
         best_s, _, best = min(scored)
         gain = 1 - best_s / current_s
@@ -281,12 +288,14 @@ class AdaptiveScheduler:
         return best, described
 
     def candidates(self) -> list[GenerationPlan]:
-        """Concurrency x partial rollout under the current bucket layout, and the current
-        concurrency and partial rollout under each layout one worker away (one step at a time:
-        a layout change moves one worker per decision)."""
+        """Concurrency (x partial rollout on/off, if plans may switch it) under the current
+        bucket layout, and the current concurrency and partial rollout under each layout one
+        worker away (one step at a time: a layout change moves one worker per decision)."""
         plan = self.plan
+        partial = (False, True) if self.config.switch_partial_rollout else \
+            (plan.partial_rollout,)
         plans = [GenerationPlan(c, p, plan.layout) for c, p in
-                 itertools.product(sorted(set(self.config.concurrency_choices)), (False, True))]
+                 itertools.product(sorted(set(self.config.concurrency_choices)), partial)]
         plans += [GenerationPlan(plan.concurrency, plan.partial_rollout, layout)
                   for layout in neighbour_layouts(plan.layout)]
         return plans

@@ -7,10 +7,12 @@ the model's units, one worker's rollout time for a step is
     waves(plan) * length(plan) * decode_step_seconds(batch(plan), mean_context)
 
 with waves = ceil(requests per worker / concurrency) and batch = min(concurrency, requests per
-worker): a decode batch costs one step time per generated position. Without partial rollout
-a batch runs until its longest response ends (length = the step's max response length); with
-it, a weight update interrupts the tail, which resumes on the new weights, so a step pays for
-about the mean length. The prediction is scaled so that the current plan's equals the measured
+worker): a decode batch costs one step time per generated position. In a synchronous run
+(`tail_bounds_step`) a batch without partial rollout runs until its longest response ends
+(length = the step's max response length); with it, a weight update interrupts the tail, which
+resumes on the new weights, so a step pays for about the mean length. With staleness K >= 1
+the rollout goes on with the next prompts while a tail finishes, so a step pays for about the
+mean length either way (partial rollout then buys nothing the model can see). The prediction is scaled so that the current plan's equals the measured
 rollout time (busy seconds per worker), which absorbs what the roofline does not model
 (Python overhead, sampling, a 2-core CPU shared with training); only ratios between plans come
 from the model. Training time is measured and does not depend on the plan.
@@ -56,9 +58,11 @@ class StepObservation:
 
 
 class PlanPredictor:
-    def __init__(self, cost: CostModel, plan: GenerationPlan) -> None:
+    def __init__(self, cost: CostModel, plan: GenerationPlan, *,
+                 tail_bounds_step: bool = True) -> None:
         self.cost = cost
         self.plan = plan  # the plan the observations were measured under
+        self.tail_bounds_step = tail_bounds_step  # synchronous: the longest response ends it
         self.last: StepObservation | None = None
 
     def observe(self, observation: StepObservation, plan: GenerationPlan) -> None:
@@ -84,7 +88,8 @@ class PlanPredictor:
         requests = max(requests_per_worker, 1.0)
         batch = max(1, min(plan.concurrency, math.ceil(requests)))
         waves = math.ceil(requests / plan.concurrency)
-        length = mean_length if plan.partial_rollout else max_length
+        tail = self.tail_bounds_step and not plan.partial_rollout
+        length = max_length if tail else mean_length
         return waves * max(length, 1.0) * self.cost.decode_step_seconds(batch, mean_context)
 
     def __call__(self, plan: GenerationPlan) -> tuple[float, float]:

@@ -171,7 +171,7 @@ def test_an_adaptive_plan_change_is_applied_to_every_worker_and_its_cost_recorde
         return (0.5 if plan.partial_rollout else 1.0), 0.4
 
     config = AdaptiveConfig(enabled=True, window=2, cooldown_steps=3, concurrency_choices=[64],
-                            reconfiguration_cost_s=0.0)
+                            reconfiguration_cost_s=0.0, switch_partial_rollout=True)
     driver.adaptive = AdaptiveScheduler(config, current, predict)
     metrics = {"train_s": 1.0, "staleness_mean": 0.0}
 

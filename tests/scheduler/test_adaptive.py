@@ -15,7 +15,8 @@ BETTER = GenerationPlan(concurrency=128, partial_rollout=True)
 
 
 def _scheduler(predict=None, **overrides):
-    config = AdaptiveConfig(**{"enabled": True, "window": 4, "cooldown_steps": 6, **overrides})
+    config = AdaptiveConfig(**{"enabled": True, "window": 4, "cooldown_steps": 6,
+                               "switch_partial_rollout": True, **overrides})
     config.validate("adaptive")
     return AdaptiveScheduler(config, PLAN, predict)
 
@@ -248,3 +249,27 @@ def test_bucket_layouts_one_worker_away_are_candidates_and_chosen_when_they_pay(
     # the next layout step (1, 3) predicts no better: after the cooldown nothing changes
     _feed(scheduler, 10, ratio=0.95)
     assert scheduler.decide(can_borrow=False, can_return=False).change is Change.KEEP
+
+
+def test_plans_keep_the_runs_partial_rollout_unless_they_may_switch_it():
+    """Partial rollout changes the algorithm (trajectories span versions): by default no
+    candidate plan turns it on or off, so a plan predicted faster only by it is not taken."""
+    def predict(plan):  # partial rollout would halve the rollout
+        return (5.0 if plan.partial_rollout else 10.0), 4.0
+    keeping = _scheduler(predict, switch_partial_rollout=False)
+    assert {p.partial_rollout for p in keeping.candidates()} == {False}
+    _feed(keeping, 4, ratio=1.0)
+    assert keeping.decide(can_borrow=False, can_return=False).change is Change.KEEP
+    switching = _scheduler(predict)
+    assert {p.partial_rollout for p in switching.candidates()} == {False, True}
+    _feed(switching, 4, ratio=1.0)
+    decision = switching.decide(can_borrow=False, can_return=False)
+    assert decision.change is Change.SET_PLAN and decision.plan.partial_rollout
+
+
+def test_with_nothing_else_to_choose_the_plan_is_kept():
+    scheduler = _scheduler(lambda plan: (10.0, 4.0), concurrency_choices=[64],
+                           switch_partial_rollout=False)
+    _feed(scheduler, 4, ratio=1.0)
+    decision = scheduler.decide(can_borrow=False, can_return=False)
+    assert decision.change is Change.KEEP and "no other plan" in decision.reason

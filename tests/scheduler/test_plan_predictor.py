@@ -32,6 +32,16 @@ def test_partial_rollout_pays_for_the_mean_length_instead_of_the_tail():
     assert flat(GenerationPlan(64, True))[0] == pytest.approx(300.0)
 
 
+def test_with_staleness_the_tail_overlaps_the_next_prompts_and_partial_rollout_buys_nothing():
+    predictor = PlanPredictor(CostModel("H100", "Qwen3-4B"), CURRENT, tail_bounds_step=False)
+    predictor.observe(StepObservation(requests_per_worker=256.0, mean_length=2000.0,
+                                      max_length=8000.0, mean_context=1500.0,
+                                      rollout_s=300.0, train_s=120.0), CURRENT)
+    assert predictor(GenerationPlan(64, True))[0] == pytest.approx(300.0)
+    # concurrency still counts: fewer, wider waves while decode is memory-bound
+    assert predictor(GenerationPlan(256, False))[0] < 300.0
+
+
 def test_more_concurrency_means_fewer_waves_while_decode_is_memory_bound():
     predictor = _predictor(requests=256.0)
     assert predictor(GenerationPlan(256, False))[0] < predictor(GenerationPlan(64, False))[0]

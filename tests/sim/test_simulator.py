@@ -213,3 +213,13 @@ def test_buckets_may_give_their_instances_their_own_parallelism():
     assert long.cost.decode_step_seconds(8, 1000) < short.cost.decode_step_seconds(8, 1000)
     with pytest.raises(ConfigError, match=r"use 8 rollout devices .* sim.rollout.devices = 6"):
         build(load_config(overrides=[*base, "sim.rollout.devices=6", *routing]))
+    # a bucket layout change would move an instance without its width: the adaptive scheduler
+    # plans layouts only over buckets of one parallelism
+    adaptive = ["elastic.enabled=true", "adaptive.enabled=true", "adaptive.accelerator=H100"]
+    wide, _ = build(load_config(overrides=[*base, "sim.rollout.devices=8", *routing, *adaptive]))
+    assert wide.elastic.adaptive.plan.layout == ()
+    alike = ["routing.policy=bucket", "rollout.num_workers=3",
+             "routing.buckets=[{name: short, max_tokens: 4000, workers: 2}, "
+             "{name: long, max_tokens: 8000, workers: 1}]"]
+    same, _ = build(load_config(overrides=[*base, "sim.rollout.devices=6", *alike, *adaptive]))
+    assert same.elastic.adaptive.plan.layout == (2, 1)
