@@ -157,18 +157,18 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
     policies = ns.policies.split(",")
     print(f"# eddy bench sim {scenario} {' '.join(overrides)} on {host.node()} "
           f"(python {sys.version.split()[0]}); policies {policies}", flush=True)
-    timelines = None
+    plots = False
     if ns.out:
         Path(ns.out).mkdir(parents=True, exist_ok=True)
         try:
             import matplotlib  # noqa: F401
 
-            timelines = ns.out
+            plots = True
         except ImportError:
             print("# no plots: pip install 'eddyrl[plots]' for matplotlib")
     rows = compare(scenario, overrides, policies,
                    on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True),
-                   timelines=timelines)
+                   out=ns.out, plots=plots)
     print("# steady steps (all but the first, which fills the pipeline); speedup: trained "
           "samples/s against the faster synchronous baseline run (sync or colocated); "
           "device_idle: over all the cluster's devices", flush=True)
@@ -189,11 +189,12 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
         (out / "results.json").write_text(json.dumps(
             {"scenario": scenario, "overrides": overrides, "policies": rows}, indent=2))
         print(f"# wrote {out / 'results.json'}")
-        if timelines:
+        if plots:
             from .runtime.sim_policies import plot
 
             plot(rows, str(out / "policies.png"), f"{Path(scenario).stem} (simulated)")
             print(f"# wrote {out / 'policies.png'} and a timeline_<policy>.png per policy")
+        print(f"# wrote a Perfetto / Chrome trace per policy: {out}/trace_<policy>.json")
     return 0
 
 
@@ -254,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "<scenario> [key=value ...] --policies a,b,...")
     p.add_argument("args", nargs="*")
     p.add_argument("--policies", default="sync,one_step,partial,async,multiversion,replay,"
-                   "bucket,elastic,all")
+                   "bucket,elastic,all,all_elastic")
     p.add_argument("--out", default=None, help="folder for results.json, policies.png and "
-                   "each policy's worker timeline (timeline_<policy>.png)")
+                   "each policy's worker timeline (timeline_<policy>.png) and Perfetto / "
+                   "Chrome trace (trace_<policy>.json)")
     p.set_defaults(func=cmd_bench_sim)
 
     p = sub.add_parser("config", help="inspect configuration")

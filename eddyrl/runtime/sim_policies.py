@@ -8,7 +8,13 @@ leak into the comparison.
   get all of the scenario's devices, in turns.
 - one_step: K = 1 with one batch in flight (textbook one-step off-policy: the
   next batch generates while the current one trains).
-- partial: K = 1 with partial rollout (new weights reach running generations).
+- partial: partial rollout as verl's fully asynchronous trainer runs it (its "async stream
+  pipeline with partial rollout"; the recipe is Meituan's, as is DORA, whose paper compares
+  against partial rollout): generation streams, running trajectories are interrupted by each
+  weight update and resume on the new weights (re-prefilling their context), and the rollout
+  runs ahead by half a batch (verl's `staleness_threshold` 0.5: in flight at most 1.5
+  training batches); the scenario's K bounds how many versions a trajectory may span (verl
+  sets no such bound).
 - async: K = 3 with partial rollout and streaming refill (AReaL-style: interruptible
   generation, bounded staleness, prompts topped up as groups finish).
 - multiversion: K = 3, one version per trajectory, consolidation and legacy fill, prompts
@@ -17,7 +23,9 @@ leak into the comparison.
   (a long bucket of instances twice as wide).
 - elastic: K = 1 with the elastic pool and the adaptive scheduler (workers lent to training
   when training is the bottleneck, each move paying the scenario's cold start).
-- all: multiversion + replay + bucket.
+- all: multiversion + replay + bucket. all_elastic: that plus the elastic pool and the adaptive
+  scheduler (whose plans set one batch size for every worker, so the long bucket keeps the
+  default one).
 """
 
 from __future__ import annotations
@@ -33,18 +41,21 @@ from ..errors import ConfigError
 _BASE = ["cluster.placement=split", "elastic.enabled=false", "adaptive.enabled=false",
          "algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
          "rollout.fill_legacy=false", "replay.max_fraction=0", "routing.policy=none",
-         "algorithm.max_refill_rounds=0", "loop.refill=batch", "loop.max_inflight_prompts=0"]
+         "algorithm.max_refill_rounds=0", "loop.refill=batch", "loop.max_inflight_prompts=0",
+         "adaptive.switch_partial_rollout=false"]
 _STREAM = ["loop.refill=stream"]
 _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
+_ELASTIC = ["elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
+            "adaptive.cooldown_steps=2"]
 
 
-def _bucket(config: EddyConfig) -> list[str]:
+def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
     """Libra's router over the scenario's rollout devices: a short bucket sized for twice the
     mean response and a long one whose instances are twice as wide (tensor parallel), each
-    bucket given devices in proportion to the share of tokens the workload's length
-    distribution puts in it (log-normal: the responses longer than t hold
-    Phi((mu + sigma^2 - ln t) / sigma) of all tokens); milestones at half, one and two means.
-    The long bucket's batch is sized to its KV cache at its expected context."""
+    bucket given devices in proportion to the decode work the workload's length distribution
+    puts in it (`_long_work_share`); milestones at half, one and two means. With `sized`, the
+    long bucket's batch is sized to its KV cache at its expected context (the adaptive
+    scheduler's plans set one batch size for every worker, so `all_elastic` leaves it out)."""
     rollout, workload = config.sim.rollout, config.sim.workload
     wide = 2 * rollout.tp
     if rollout.devices < rollout.tp + wide:
@@ -53,16 +64,15 @@ def _bucket(config: EddyConfig) -> list[str]:
                           f"{rollout.devices} rollout devices")
     mean, longest = workload.mean_response_tokens, workload.max_response_tokens
     short_tokens = min(int(2 * mean), longest - 1)
-    sigma = max(workload.length_sigma, 1e-6)
-    mu = math.log(mean) - sigma ** 2 / 2
-    long_share = 0.5 * math.erfc(-(mu + sigma ** 2 - math.log(short_tokens)) / sigma
-                                 / math.sqrt(2))
-    long = max(1, min((rollout.devices - rollout.tp) // wide,
-                      round(rollout.devices * long_share / wide)))
-    short = (rollout.devices - long * wide) // rollout.tp
-    longer_than_t = 0.5 * math.erfc(-(mu - math.log(short_tokens)) / sigma / math.sqrt(2))
-    expected_long = mean * long_share / max(longer_than_t, 1e-9) + workload.prompt_tokens
+    lengths = _LogNormal(mean, max(workload.length_sigma, 1e-6), longest)
     cost = CostModel(rollout.accelerator, config.sim.model, tp=wide)
+    share = _long_work_share(lengths, short_tokens, cost, rollout.max_batch_size,
+                             workload.prompt_tokens)
+    long = max(1, min((rollout.devices - rollout.tp) // wide,
+                      round(rollout.devices * share / wide)))
+    short = (rollout.devices - long * wide) // rollout.tp
+    expected_long = lengths.moment_above(1, short_tokens) / max(
+        lengths.moment_above(0, short_tokens), 1e-9) + workload.prompt_tokens
     long_batch = max(1, min(rollout.max_batch_size,
                             int(default_kv_capacity(cost) // expected_long)))
     milestones = sorted({max(1, int(mean / 2)), int(mean), int(2 * mean)})
@@ -70,8 +80,41 @@ def _bucket(config: EddyConfig) -> list[str]:
             f"routing.milestones=[{','.join(map(str, milestones))}]",
             "routing.min_observations=8", "routing.rebuild_every=64",
             f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, workers: {short}}}, "
-            f"{{name: long, max_tokens: {longest}, workers: {long}, parallelism: {wide}, "
-            f"max_batch_size: {long_batch}}}]"]
+            f"{{name: long, max_tokens: {longest}, workers: {long}, parallelism: {wide}"
+            + (f", max_batch_size: {long_batch}}}]" if sized else "}]")]
+
+
+class _LogNormal:
+    """Response lengths: log-normal with this mean, capped at `cap` (the workload's model)."""
+
+    def __init__(self, mean: float, sigma: float, cap: int) -> None:
+        self.mu, self.sigma, self.cap = math.log(mean) - sigma ** 2 / 2, sigma, cap
+
+    def _tail(self, k: int, t: float) -> float:
+        """P'(L > t) under the k-th moment's tilt: Phi((mu + k sigma^2 - ln t) / sigma)."""
+        z = (self.mu + k * self.sigma ** 2 - math.log(t)) / self.sigma
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+
+    def moment_above(self, k: int, t: float) -> float:
+        """E[min(L, cap)^k ; L > t]."""
+        raw = math.exp(k * self.mu + (k * self.sigma) ** 2 / 2)
+        return raw * (self._tail(k, t) - self._tail(k, self.cap)) + \
+            self.cap ** k * self._tail(0, self.cap)
+
+
+def _long_work_share(lengths: _LogNormal, threshold: int, cost: CostModel, batch: int,
+                     prompt_tokens: int) -> float:
+    """The share of decode time that responses longer than `threshold` take. Decode reads
+    bytes: each token its share of the weights (weights / batch) and the KV cache of its whole
+    context so far (prompt + position), so a response of L tokens reads
+    (weights / batch + kv * prompt) * L + kv * L^2 / 2. Long responses take far more than their
+    share of tokens: the attention reads grow with the square of the length."""
+    kv = cost.model.kv_bytes_per_token(cost.dtype_bytes)
+    linear, square = cost.weights_bytes / batch + kv * prompt_tokens, kv / 2
+
+    def work(t: float) -> float:
+        return linear * lengths.moment_above(1, t) + square * lengths.moment_above(2, t)
+    return work(threshold) / work(1e-9)
 
 
 def _colocated(config: EddyConfig) -> list[str]:
@@ -86,6 +129,17 @@ def _colocated(config: EddyConfig) -> list[str]:
             f"sim.train.devices={devices}"]
 
 
+# verl's staleness_threshold for its partial-rollout mode: the rollout may run this fraction of
+# a training batch ahead (0.5: the largest of the values its documentation measures, 0.1, 0.3
+# and 0.5, and the fastest there)
+PARTIAL_AHEAD = 0.5
+
+
+def _ahead(config: EddyConfig, fraction: float) -> int:
+    """Prompts in flight when the rollout runs `fraction` of a batch ahead of training."""
+    return max(1, round(config.loop.batch_prompts * (1 + fraction)))
+
+
 # the synchronous baselines a speed-up is measured against (the faster one present)
 SYNC_BASELINES = ("sync", "colocated")
 
@@ -94,17 +148,20 @@ POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
     "colocated": _colocated,
     "one_step": lambda c: ["algorithm.max_staleness=1",
                            f"loop.max_inflight_prompts={c.loop.batch_prompts}"],
-    "partial": lambda c: ["algorithm.max_staleness=1", "rollout.partial_rollout=true"],
+    "partial": lambda c: [f"algorithm.max_staleness={max(1, c.algorithm.max_staleness)}",
+                          "rollout.partial_rollout=true", *_STREAM,
+                          f"loop.max_inflight_prompts={_ahead(c, PARTIAL_AHEAD)}"],
     "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true", *_STREAM],
     "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true",
                                *_STREAM],
     "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
     "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
-    "elastic": lambda c: ["algorithm.max_staleness=1", "elastic.enabled=true",
-                          "adaptive.enabled=true", "adaptive.window=2",
-                          "adaptive.cooldown_steps=2"],
+    "elastic": lambda c: ["algorithm.max_staleness=1", *_ELASTIC],
     "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM,
                       *_REPLAY, "replay.max_lag=4", *_bucket(c)],
+    "all_elastic": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM,
+                              *_REPLAY, "replay.max_lag=4", *_bucket(c, sized=False),
+                              *_ELASTIC],
 }
 
 
@@ -117,15 +174,18 @@ def policy_config(scenario: str | None, overrides: list[str], policy: str) -> Ed
 
 def compare(scenario: str | None, overrides: list[str], policies: list[str],
             on_done: Callable[[str, dict[str, Any]], None] = lambda p, r: None,
-            timelines: str | None = None) -> dict[str, dict[str, Any]]:
+            out: str | None = None, plots: bool = True) -> dict[str, dict[str, Any]]:
     """Each policy simulated on the scenario, one after another; a row of numbers each. With
-    `timelines` (a folder), each policy's worker timeline is plotted there."""
+    `out` (a folder), each policy's workers' busy intervals go there as a Perfetto / Chrome
+    trace (trace_<policy>.json) and, with `plots`, as a timeline plot (timeline_<policy>.png)."""
     from .sim import simulate
 
     rows: dict[str, dict[str, Any]] = {}
     for policy in policies:
-        png = f"{timelines}/timeline_{policy}.png" if timelines else None
-        summary = simulate(policy_config(scenario, overrides, policy), timeline_png=png)
+        trace = f"{out}/trace_{policy}.json" if out else None
+        png = f"{out}/timeline_{policy}.png" if out and plots else None
+        summary = simulate(policy_config(scenario, overrides, policy), trace_path=trace,
+                           timeline_png=png)
         rows[policy] = row(summary)
         on_done(policy, rows[policy])
     # trained samples per second, against the faster synchronous baseline run

@@ -62,6 +62,9 @@ def test_bench_sim_compares_policies_side_by_side(tmp_path, capsys):
     assert rows["sync"]["speedup"] == 1.0 and rows["sync"]["staleness_max"] == 0
     assert rows["one_step"]["staleness_max"] <= 1 and rows["all"]["staleness_max"] <= 3
     assert set(POLICIES) >= set(rows)
+    for policy in rows:  # a Perfetto / Chrome trace each, with every worker's busy intervals
+        events = json.loads((tmp_path / f"trace_{policy}.json").read_text())["traceEvents"]
+        assert any(e.get("name") == "decode" for e in events), policy
     try:
         import matplotlib  # noqa: F401
     except ImportError:  # the plots extra is not installed: no PNG, said so
