@@ -270,7 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    # argparse takes positionals only before the first option: key=value overrides written
+    # after one (`eddy bench sim dora_64 --policies sync loop.steps=4`) join the others
+    if extra and hasattr(ns, "args") and all("=" in a and not a.startswith("-") for a in extra):
+        ns.args = [*ns.args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return ns.func(ns)
     except EddyError as exc:

@@ -109,3 +109,13 @@ def test_eddy_sim_writes_a_perfetto_trace_of_every_worker(tmp_path, capsys):
         mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
                       if e["pid"] == 1 and e["tid"] == worker)
         assert all(end <= nxt + 1e-3 for (_, end), (nxt, _) in zip(mine, mine[1:]))
+
+
+def test_overrides_may_follow_the_options(tmp_path, capsys):
+    """`eddy bench sim <scenario> --policies ... key=value`: the overrides after an option count
+    as much as those before it; anything else there is still refused by name."""
+    assert main(["bench", "sim", "reflow_8", "--policies", "sync", *SMALL]) == 0
+    assert "| sync |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "sim", "reflow_8", "--policies", "sync", "--nope"])
+    assert "unrecognized arguments: --nope" in capsys.readouterr().err
