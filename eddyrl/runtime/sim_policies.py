@@ -47,6 +47,8 @@ _STREAM = ["loop.refill=stream"]
 _REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
 _ELASTIC = ["elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
             "adaptive.cooldown_steps=2"]
+_MULTIVERSION = ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM]
+_MULTIVERSION_REPLAY = [*_MULTIVERSION, *_REPLAY, "replay.max_lag=4"]
 
 
 def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
@@ -152,16 +154,12 @@ POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
                           "rollout.partial_rollout=true", *_STREAM,
                           f"loop.max_inflight_prompts={_ahead(c, PARTIAL_AHEAD)}"],
     "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true", *_STREAM],
-    "multiversion": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true",
-                               *_STREAM],
+    "multiversion": lambda c: _MULTIVERSION,
     "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
     "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
     "elastic": lambda c: ["algorithm.max_staleness=1", *_ELASTIC],
-    "all": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM,
-                      *_REPLAY, "replay.max_lag=4", *_bucket(c)],
-    "all_elastic": lambda c: ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM,
-                              *_REPLAY, "replay.max_lag=4", *_bucket(c, sized=False),
-                              *_ELASTIC],
+    "all": lambda c: [*_MULTIVERSION_REPLAY, *_bucket(c)],
+    "all_elastic": lambda c: [*_MULTIVERSION_REPLAY, *_bucket(c, sized=False), *_ELASTIC],
 }
 
 
