@@ -30,12 +30,12 @@ leak into the comparison.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from ..config import EddyConfig, load_config
 from ..engines.inference.sim import default_kv_capacity
 from ..scheduler.cost_model import CostModel
+from ..tasks.workload import ResponseLengths
 from ..errors import ConfigError
 
 _BASE = ["cluster.placement=split", "elastic.enabled=false", "adaptive.enabled=false",
@@ -66,7 +66,7 @@ def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
                           f"{rollout.devices} rollout devices")
     mean, longest = workload.mean_response_tokens, workload.max_response_tokens
     short_tokens = min(int(2 * mean), longest - 1)
-    lengths = _LogNormal(mean, max(workload.length_sigma, 1e-6), longest)
+    lengths = ResponseLengths(mean, max(workload.length_sigma, 1e-6), longest)
     cost = CostModel(rollout.accelerator, config.sim.model, tp=wide)
     share = _long_work_share(lengths, short_tokens, cost, rollout.max_batch_size,
                              workload.prompt_tokens)
@@ -86,25 +86,7 @@ def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
             + (f", max_batch_size: {long_batch}}}]" if sized else "}]")]
 
 
-class _LogNormal:
-    """Response lengths: log-normal with this mean, capped at `cap` (the workload's model)."""
-
-    def __init__(self, mean: float, sigma: float, cap: int) -> None:
-        self.mu, self.sigma, self.cap = math.log(mean) - sigma ** 2 / 2, sigma, cap
-
-    def _tail(self, k: int, t: float) -> float:
-        """P'(L > t) under the k-th moment's tilt: Phi((mu + k sigma^2 - ln t) / sigma)."""
-        z = (self.mu + k * self.sigma ** 2 - math.log(t)) / self.sigma
-        return 0.5 * math.erfc(-z / math.sqrt(2))
-
-    def moment_above(self, k: int, t: float) -> float:
-        """E[min(L, cap)^k ; L > t]."""
-        raw = math.exp(k * self.mu + (k * self.sigma) ** 2 / 2)
-        return raw * (self._tail(k, t) - self._tail(k, self.cap)) + \
-            self.cap ** k * self._tail(0, self.cap)
-
-
-def _long_work_share(lengths: _LogNormal, threshold: int, cost: CostModel, batch: int,
+def _long_work_share(lengths: ResponseLengths, threshold: int, cost: CostModel, batch: int,
                      prompt_tokens: int) -> float:
     """The share of decode time that responses longer than `threshold` take. Decode reads
     bytes: each token its share of the weights (weights / batch) and the KV cache of its whole

@@ -96,8 +96,7 @@ class Workload:
         config.validate("workload")
         self.config = config
         self.seed = seed
-        # log-normal with E = exp(mu + sigma^2/2) = mean
-        self._mu = _log_normal_mu(config.mean_response_tokens, config.length_sigma)
+        self.lengths = ResponseLengths.of(config)
 
     def prompt_sets(self) -> tuple[PromptSet, PromptSet]:
         """(train, eval) prompts. A prompt's last token id is its key (eval prompts' keys start
@@ -116,8 +115,8 @@ class Workload:
 
     def response_tokens(self, request: GenerationRequest) -> int:
         rng = self._draw("length", request.request_id)
-        tokens = rng.lognormvariate(self._mu, self.config.length_sigma)
-        return max(1, min(self.config.max_response_tokens, round(tokens)))
+        tokens = rng.lognormvariate(self.lengths.mu, self.lengths.sigma)
+        return max(1, min(self.lengths.cap, round(tokens)))
 
     def correct(self, request: GenerationRequest) -> bool:
         solve_rate = self._draw("prompt", request.prompt_ids[-1]).betavariate(
@@ -151,6 +150,30 @@ class Workload:
             else:
                 calls.append(ToolCall(at, latency, max(1, round(payload))))
         return tuple(calls)
+
+
+class ResponseLengths:
+    """The workload's response lengths: log-normal with its mean and sigma, capped at
+    `max_response_tokens`; and their partial moments, for what sizes by expected work."""
+
+    def __init__(self, mean: float, sigma: float, cap: int) -> None:
+        self.mu, self.sigma, self.cap = _log_normal_mu(mean, sigma), sigma, cap
+
+    @classmethod
+    def of(cls, config: WorkloadConfig) -> ResponseLengths:
+        return cls(config.mean_response_tokens, config.length_sigma,
+                   config.max_response_tokens)
+
+    def _tail(self, k: int, t: float) -> float:
+        """P'(L > t) under the k-th moment's tilt: Phi((mu + k sigma^2 - ln t) / sigma)."""
+        z = (self.mu + k * self.sigma ** 2 - math.log(t)) / self.sigma
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+
+    def moment_above(self, k: int, t: float) -> float:
+        """E[min(L, cap)^k ; L > t] (needs sigma > 0)."""
+        raw = math.exp(k * self.mu + (k * self.sigma) ** 2 / 2)
+        return raw * (self._tail(k, t) - self._tail(k, self.cap)) + \
+            self.cap ** k * self._tail(0, self.cap)
 
 
 def _log_normal_mu(mean: float, sigma: float) -> float:

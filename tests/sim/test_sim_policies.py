@@ -6,9 +6,9 @@ import random
 import pytest
 
 from eddyrl.config import load_config
-from eddyrl.runtime.sim_policies import (PARTIAL_AHEAD, _LogNormal, _long_work_share,
-                                         policy_config)
+from eddyrl.runtime.sim_policies import PARTIAL_AHEAD, _long_work_share, policy_config
 from eddyrl.scheduler.cost_model import CostModel
+from eddyrl.tasks.workload import ResponseLengths
 
 DORA = "configs/sim/dora_64.yaml"
 
@@ -24,14 +24,14 @@ def test_partial_streams_with_partial_rollout_half_a_batch_ahead_within_the_scen
         .algorithm.max_staleness == 1
 
 
-def _sample(lengths: _LogNormal, n: int = 200_000) -> list[float]:
+def _sample(lengths: ResponseLengths, n: int = 200_000) -> list[float]:
     rng = random.Random(7)
     return [min(rng.lognormvariate(lengths.mu, lengths.sigma), lengths.cap) for _ in range(n)]
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_capped_log_normal_moments_match_a_sample(k):
-    lengths = _LogNormal(2400, 1.0, 30000)
+    lengths = ResponseLengths(2400, 1.0, 30000)
     sample = _sample(lengths)
     for t in (1e-9, 4800, 20000):
         measured = sum(x ** k for x in sample if x > t) / len(sample)
@@ -39,7 +39,7 @@ def test_capped_log_normal_moments_match_a_sample(k):
 
 
 def test_long_responses_take_their_share_of_decode_bytes_not_of_tokens():
-    lengths, cost = _LogNormal(2400, 1.0, 30000), CostModel("H800", "Qwen2.5-32B", tp=8)
+    lengths, cost = ResponseLengths(2400, 1.0, 30000), CostModel("H800", "Qwen2.5-32B", tp=8)
     kv = cost.model.kv_bytes_per_token(cost.dtype_bytes)
     sample = _sample(lengths, 50_000)
 
