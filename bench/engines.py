@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _requests(args, tag: str):
     import random
 
-    from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+    from eddyrl.protocol import GenerationRequest, SamplingParams
 
     rng = random.Random(0)  # the same prompts for every engine and round
     return [GenerationRequest(f"{tag}-{i}", [rng.randrange(5, 54) for _ in range(args.prompt_len)],

@@ -104,8 +104,8 @@ def main() -> int:
     for mode in modes:
         run_dir = out / mode
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: eddy train refuses to append
-        config = load_config(ROOT / "configs" / "modes" / f"{mode}.yaml",
-                             [*common, f"run_dir={run_dir}"])
+        # the bundled mode file eddyrl/configs/modes/<mode>.yaml
+        config = load_config(f"modes/{mode}", [*common, f"run_dir={run_dir}"])
         began = time.monotonic()
         summary = json.loads(train(config).read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]

@@ -1,6 +1,6 @@
-"""Rollout routing policies side by side: configs/modes/buckets.yaml (two rollout workers, a
+"""Rollout routing policies side by side: modes/buckets (two rollout workers, a
 short and a long bucket, DORA K = 3) with routing.policy set to Libra's bucket router, its
-baselines, and none (the version orchestrator alone), each from the same warm start, seed and
+baselines, and none (the version assignment alone), each from the same warm start, seed and
 wall-clock budget, one after another in one invocation.
 
     python bench/routing.py [--seconds 60] [--policies bucket,fifo,least_load,round_robin,none]
@@ -46,10 +46,10 @@ def main() -> int:
     policies = args.policies.split(",")
     common = [f"loop.max_seconds={args.seconds}", "loop.steps=100000", "loop.eval_every=0",
               *args.overrides]
-    mode = ROOT / "configs" / "modes" / "buckets.yaml"
+    mode = "modes/buckets"  # the bundled eddyrl/configs/modes/buckets.yaml
     print(f"# bench/routing.py on {platform.node()} ({os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}), python {sys.version.split()[0]}")
-    print(f"# {mode.relative_to(ROOT)} with routing.policy in {policies}; budget "
+    print(f"# {mode} with routing.policy in {policies}; budget "
           f"{args.seconds:.0f} s of training each; overrides {common}")
     results = {}
     for policy in policies:

@@ -11,7 +11,8 @@ from .errors import EddyError
 
 
 def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """`[config.yaml] [key=value ...]`: the first argument is a file unless it has an '='."""
+    """`[config.yaml] [key=value ...]`: the first argument is a file (or a bundled
+    config's name) unless it has an '='."""
     if args and "=" not in args[0]:
         return args[0], list(args[1:])
     return None, list(args)
@@ -72,7 +73,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 def cmd_sft(ns: argparse.Namespace) -> int:
     import torch
 
-    from .envs.tool_task import ToolTaskConfig
+    from .tasks.tool_task import ToolTaskConfig
     from .hal import get_platform
     from .tasks.arith import ArithTaskConfig
     from .tasks.sft import run_sft
@@ -102,24 +103,16 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 def _scenario(name: str | None) -> str | None:
-    """A scenario file, or the name of one under configs/sim/."""
-    from pathlib import Path
+    """A scenario file, or the name of a bundled one (`dora_64`, i.e. `sim/dora_64`)."""
+    from .config import resolve_config
 
-    from .errors import ConfigError
-
-    if name is None or Path(name).exists():
-        return name
-    folder = Path(__file__).resolve().parents[1] / "configs" / "sim"
-    path = folder / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-        raise ConfigError(f"no scenario file {name!r} and no {path}; scenarios: {known}")
-    return str(path)
+    path = resolve_config(name, folder="sim")
+    return None if path is None else str(path)
 
 
 def cmd_sim(ns: argparse.Namespace) -> int:
     from .config import load_config
-    from .runtime.sim import simulate
+    from .sim.runtime import simulate
     from .ui import console
 
     path, overrides = _split_config_args(ns.args)
@@ -150,7 +143,7 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
     import platform as host
     from pathlib import Path
 
-    from .runtime.sim_policies import compare
+    from .sim.policies import compare
 
     path, overrides = _split_config_args(ns.args)
     scenario = _scenario(path)
@@ -190,7 +183,7 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
             {"scenario": scenario, "overrides": overrides, "policies": rows}, indent=2))
         print(f"# wrote {out / 'results.json'}")
         if plots:
-            from .runtime.sim_policies import plot
+            from .sim.policies import plot
 
             plot(rows, str(out / "policies.png"), f"{Path(scenario).stem} (simulated)")
             print(f"# wrote {out / 'policies.png'} and a timeline_<policy>.png per policy")
@@ -206,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("platforms", help="list known platforms and whether each is usable here")
     p.set_defaults(func=cmd_platforms)
 
-    p = sub.add_parser("train", help="RL training: [config.yaml] [key=value ...] "
-                       "(no argument: the bundled tiny model on the CPU)")
+    p = sub.add_parser("train", help="RL training: [config.yaml | bundled name] "
+                       "[key=value ...] (no argument: the bundled tiny model on the CPU; "
+                       "bundled names: tool_add_tiny, modes/replay, ...)")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_train)
 
@@ -223,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arith: share of demonstrations that stop one number short (a careless "
                    "habit for RL to unlearn)")
     p.add_argument("--task", choices=["arith", "tool_add"], default="arith",
-                   help="tool_add: reference calculator episodes (envs/tool_task.py); measure "
-                   "the result with `eddy eval OUT configs/tool_add_tiny.yaml`")
+                   help="tool_add: reference calculator episodes (tasks/tool_task.py); measure "
+                   "the result with `eddy eval OUT tool_add_tiny`")
     p.add_argument("--no-tool-fraction", type=float, default=0.0,
                    help="tool_add: share of demonstrations that answer without the calculator")
     p.add_argument("--platform", default="auto")
@@ -232,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="held-out accuracy of a saved model: <checkpoint> "
-                       "[config.yaml] [key=value ...]")
+                       "[config.yaml | bundled name] [key=value ...]")
     p.add_argument("checkpoint")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_eval)
@@ -243,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("sim", help="simulate a cluster run: <scenario> [key=value ...] (a file, "
-                       "or a name under configs/sim/)")
+                       "or a bundled scenario's name: dora_64, libra_48, ...)")
     p.add_argument("args", nargs="*")
     p.add_argument("--trace", default=None,
                    help="write every worker's busy intervals here (Perfetto / Chrome trace)")
@@ -263,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="inspect configuration")
     config_sub = p.add_subparsers(dest="config_command", required=True)
-    p = config_sub.add_parser("show", help="print the resolved config: [file.yaml] [key=value ...]")
+    p = config_sub.add_parser("show", help="print the resolved config: "
+                              "[file.yaml | bundled name] [key=value ...]")
     p.add_argument("args", nargs="*")
     p.set_defaults(func=cmd_config_show)
     return parser

@@ -14,15 +14,17 @@ from typing import Any, Callable
 from . import resume
 from .config import EddyConfig, to_yaml
 from .core import run_state
-from .core.controller import Controller, LoopSettings
+from .build import build_controller, loop_settings
+from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
-from .engines.inference.base import SamplingParams
+from .protocol import SamplingParams
 from .errors import ConfigError
 from .hal import get_platform
 from .observability.sinks import open_sinks
 from .observability.trace import Trace
 from .observability.tracing import TracingRuntime, flush_at_checkpoints
 from .runtime.placement import resolve_role_platforms, role_platform_name
+from .runtime.protocol import Recoverable
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
 from .scheduler.elastic import ElasticConfig
@@ -56,16 +58,13 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
     if env is not None:
         env_ids, stop_strings = env(prompt="", answer="").stop_conditions()
         stop_ids += [i for i in env_ids if i not in stop_ids]
-    settings = LoopSettings(
-        loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
-        seed=config.seed, pad_id=tokenizer.pad_token_id, replay=config.replay, rollout=rollout,
-        elastic=config.elastic, adaptive=config.adaptive, routing=config.routing,
-        trainer_ranks=config.train.num_workers,
-        plan_cost=_plan_cost(config, model_path), env=env,
-        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
-                                temperature=rollout.temperature, top_p=rollout.top_p,
-                                top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
-                                stop_strings=stop_strings))
+    sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens,
+                              temperature=rollout.temperature, top_p=rollout.top_p,
+                              top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
+                              stop_strings=stop_strings)
+    settings = loop_settings(config, sampling, tokenizer.pad_token_id,
+                             trainer_ranks=config.train.num_workers,
+                             plan_cost=_plan_cost(config, model_path), env=env)
     return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn),
                                                                 timeout_s=data.reward_timeout_s)
 
@@ -95,9 +94,10 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> 
     platform = get_platform(role_platform_name(config, "rollout"))  # eval needs no trainer
     engine = load_engine_class("rollout", config.rollout.engine)(
         model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
-    controller = Controller(InProcessRuntime(engine), settings, train_set, eval_set,
-                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                            reward=reward)
+    controller = build_controller(settings, InProcessRuntime(engine), train_set, eval_set,
+                                  decode=lambda ids: tokenizer.decode(ids,
+                                                                      skip_special_tokens=True),
+                                  reward=reward)
     result = asyncio.run(controller.evaluate())
     return {**result, "eval_prompts": len(eval_set.prompts), "reward_errors": reward.errors}
 
@@ -133,15 +133,16 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
         metrics_file(metrics)
         on_step(metrics)
 
-    runtime = RayRuntime(config, model_path, str(run_dir))
+    runtime = ray_runtime = RayRuntime(config, model_path, str(run_dir))
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)
         reward = runtime.timed_reward(reward)
     try:
-        controller = Controller(runtime, settings, train_set, eval_set,
-                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                reward=reward, log=log)
+        controller = build_controller(
+            settings, runtime, train_set, eval_set,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), reward=reward,
+            log=log)
         controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
         if isinstance(runtime, TracingRuntime):
             controller.checkpoint = flush_at_checkpoints(
@@ -151,7 +152,7 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     finally:
         if isinstance(runtime, TracingRuntime):  # also after a failure: what led up to it
             runtime.close().write(str(run_dir / "trace.json"))
-        runtime.shutdown()
+        ray_runtime.shutdown()
         metrics_file.close()
     summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
                    checkpoint=str(run_dir / resume.FINAL),
@@ -171,7 +172,8 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
     summary.update(rollout_workers=len(stats),
-                   rollout_replacements=getattr(runtime, "replacements", 0),
+                   rollout_replacements=runtime.replacements
+                   if isinstance(runtime, Recoverable) else 0,
                    rollout_busy_s=sum(s.busy_seconds for s in stats),
                    rollout_worker_tokens=[s.tokens_generated for s in stats])
     # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and

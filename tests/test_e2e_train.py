@@ -112,18 +112,16 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode_name", ["multiversion", "buckets"])
 def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
-    """configs/modes/multiversion.yaml (DORA, K = 3) on two Ray rollout workers, and
+    """modes/multiversion (eddyrl/configs/modes/multiversion.yaml) (DORA, K = 3) on two Ray rollout workers, and
     buckets.yaml (the same with Libra's bucket router over a short and a long worker): the
     pipeline runs up to K versions ahead and never beyond, every group ends in a final or
     collected state (none left generating or queued: C2), and no prompt is trained twice as
     fresh."""
-    from pathlib import Path
-
-    from eddyrl.config import load_config
+    from eddyrl.config import bundled, load_config
     from eddyrl.core.ledger import Ledger
     from eddyrl.launch import train
 
-    mode = Path(__file__).resolve().parents[1] / "configs" / "modes" / f"{mode_name}.yaml"
+    mode = bundled(f"modes/{mode_name}")
     config = load_config(mode, overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
         "rollout.num_workers=2", "algorithm.dynamic_sampling=false", *SMALL,

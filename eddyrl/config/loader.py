@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
 from ..validation import did_you_mean
+from .bundled_configs import resolve_config
 from .schema import EddyConfig
 
 
@@ -127,7 +128,10 @@ def parse_overrides(overrides: Sequence[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> EddyConfig:
+    """`path`: a YAML file, or the name of a bundled config (`modes/replay`, `sim/dora_64`:
+    see `bundled_configs.py`); a file that exists wins."""
     cfg = _schema()
+    path = resolve_config(path)
     if path is not None:
         cfg = _merge(cfg, read_yaml(path), f"'{path}'")
     if overrides:

@@ -13,7 +13,7 @@ from ..envs.config import EnvConfig
 from ..models.config import ModelConfig
 from ..observability.config import ObserveConfig
 from ..runtime.config import ClusterConfig
-from ..runtime.sim_config import SimConfig
+from ..sim.config import SimConfig
 from ..scheduler.adaptive import AdaptiveConfig
 from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
@@ -118,9 +118,6 @@ class EddyConfig:
                 "legacy fill keeps every trajectory on one policy version, which partial "
                 "rollout would break; leave switch_partial_rollout off")
 
-        if self.adaptive.enabled and not self.elastic.enabled:
-            raise contradiction("adaptive.enabled = True needs elastic.enabled = True: the "
-                                "adaptive scheduler moves workers through the elastic pool")
         if not self.elastic.enabled:
             return
         parse_schedule(list(self.elastic.schedule), self.rollout.num_workers)

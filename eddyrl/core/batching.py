@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .advantages import broadcast_to_tokens, group_advantages
-from .batch import TrainBatch
-from .trajectory import Group
+from .store import balanced_partition
+from ..protocol import Group, TrainBatch
 
 
 def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
@@ -50,23 +50,6 @@ def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool =
                       sample_weights=torch.tensor([w for g, w in zip(groups, weights)
                                                    for _ in g.trajectories], dtype=torch.float32),
                       versions=versions)
-
-
-def balanced_partition(token_counts: list[int], parts: int) -> list[list[int]]:
-    """Row indices for each part, greedily balancing token counts (longest first), each part
-    getting as close to the same number of rows as possible."""
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    capacity = -(-len(token_counts) // parts)  # rows per part, rounded up
-    order = sorted(range(len(token_counts)), key=lambda i: -token_counts[i])
-    bins: list[list[int]] = [[] for _ in range(parts)]
-    loads = [0] * parts
-    for i in order:
-        open_bins = [b for b in range(parts) if len(bins[b]) < capacity]
-        target = min(open_bins, key=lambda b: loads[b])
-        bins[target].append(i)
-        loads[target] += token_counts[i]
-    return [sorted(b) for b in bins]
 
 
 def split_for_ranks(batch: TrainBatch, ranks: int) -> list[TrainBatch]:

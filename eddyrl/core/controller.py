@@ -6,7 +6,7 @@ Each step keeps the rollout full (as many groups in flight as the version window
 to K + 1 batches), trains on the fresh batch the window hands out (the first collected groups
 that keep every other group within K versions; K = 0 is synchronous GRPO on the current
 weights) plus replayed groups (ReFlow's replay cycle: at most floor(sigma*B), weighted tau,
-lag <= delta), then publishes the new weights to every rollout worker and lets the orchestrator
+lag <= delta), then publishes the new weights to every rollout worker and lets the assignment
 move legacy-version work off the workers the new version needs (DORA). Streaming itself
 (workers, store, scoring, migration) is `rollout.StreamingRollout`. The ledger records every
 group's lifecycle: the proof that each prompt was trained exactly once as fresh data.
@@ -17,53 +17,33 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..engines.config import RolloutConfig
-from ..scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
-from ..scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
-from ..scheduler.cost_model import CostModel
-from ..scheduler.elastic import ElasticConfig
-from ..scheduler.plan_predictor import PlanPredictor
-from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..protocol import Group, SamplingParams
 from ..tasks.prompts import Prompt, PromptQueue
-from .batch import TrainBatch
-from .batching import build_train_batch
 from .config import AlgorithmConfig, LoopConfig
-from .elastic_driver import ElasticDriver, build_pool, parse_schedule
-from .episodes import Episodes
+from .elastic_driver import ElasticDriver, NoElastic
 from .ledger import Ledger
-from .orchestrator import VersionOrchestrator
 from .replay import ReplayBuffer, ReplayConfig
 from .rewarding import SafeReward
 from .rollout import StreamingRollout
-from .step_metrics import counters_since, rollout_metrics
-from .trajectory import Group
+from .step_metrics import RolloutCounters, counters_since, rollout_metrics, step_record
 from .version_window import VersionWindow
 
-
-class Runtime(Protocol):
-    workers: list[Any]
-
-    def now(self) -> float: ...
-    def generate(self, worker: int, requests: list[GenerationRequest]
-                 ) -> AsyncIterator[GenerationResult]: ...
-    async def abort(self, worker: int, request_ids: list[str]) -> None: ...
-    async def train(self, batch: TrainBatch) -> dict[str, float]: ...
-    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
-        """Publish `version` to every rollout worker; returns the version each one now hosts
-        (a busy worker, or one in `hold`, keeps its version, with the new one staged)."""
-        ...
-    async def worker_stats(self) -> list[Any]:
-        """Each rollout worker's `EngineStats` (KV-cache use, queues)."""
-        ...
-    # Optional: `async replace_worker(worker) -> int` starts a new process for a worker whose
-    # calls raised `errors.WorkerLost` and returns the version it hosts (the rollout regenerates
-    # the lost requests meanwhile); without it a lost worker ends the run.
+if TYPE_CHECKING:
+    from ..runtime.protocol import Runtime
+    from ..scheduler.adaptive import AdaptiveConfig
+    from ..scheduler.buckets import RoutingConfig
+    from ..scheduler.cost_model import CostModel
+    from ..scheduler.elastic import ElasticConfig
 
 
 @dataclass
 class LoopSettings:
+    """The settings the loop reads: config sections, and what the run derives from its
+    tokenizer and model (sampling, padding, environments, the plan cost model).
+    `eddyrl.build.loop_settings` makes them from a run's config."""
+
     loop: LoopConfig
     algorithm: AlgorithmConfig
     sampling: SamplingParams
@@ -71,10 +51,14 @@ class LoopSettings:
     seed: int
     pad_id: int
     replay: ReplayConfig = field(default_factory=ReplayConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)
-    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    # the rollout section's settings the loop reads (`rollout.*`)
+    max_batch_size: int = 256  # sequences one worker decodes together
+    partial_rollout: bool = False
+    migrate: bool = True
+    fill_legacy: bool = False
+    elastic: ElasticConfig | None = None  # None: the section's defaults (off)
+    adaptive: AdaptiveConfig | None = None
+    routing: RoutingConfig | None = None
     trainer_ranks: int = 1  # the elastic pool's fixed core
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
     # envs.loading.EnvironmentFactory: every response is a multi-turn episode in one of its
@@ -84,16 +68,25 @@ class LoopSettings:
 
 @dataclass
 class Controller:
+    """The loop and its collaborators; `eddyrl.build.build_controller` wires them."""
+
     runtime: Runtime
     settings: LoopSettings
+    rollout: StreamingRollout
+    window: VersionWindow
+    replay: ReplayBuffer
+    prompt_queue: PromptQueue
     train_prompts: Any  # tasks.prompts.PromptSet
     eval_prompts: Any
-    decode: Callable[[list[int]], str]
     reward: SafeReward
+    # Libra's elastic pool (with the adaptive driver inside), or `NoElastic` (which still
+    # drives the adaptive scheduler's plans when that is on)
+    # groups -> what runtime.train takes: token tensors for real engines
+    # (`batching.build_train_batch`); the simulator passes a builder that only counts tokens
+    # (a 1,024-device step's tensors would not fit)
+    build_batch: Callable[..., Any]
+    elastic: ElasticDriver | NoElastic = field(default_factory=NoElastic)
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
-    # groups -> what runtime.train takes: token tensors for real engines; the simulator passes
-    # a builder that only counts tokens (a 1,024-device step's tensors would not fit)
-    build_batch: Callable[..., Any] = build_train_batch
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
@@ -104,60 +97,9 @@ class Controller:
     checkpoint: Callable[[int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
-        loop, algo, rollout = self.settings.loop, self.settings.algorithm, self.settings.rollout
-        self.replay = ReplayBuffer(self.settings.replay)
         # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
-        self.fresh_per_step = loop.batch_prompts - self.replay.replay_slots(loop.batch_prompts)
-        # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS),
-        # fewer when the loop caps the groups generating at once.
-        self.window = VersionWindow(max_staleness=algo.max_staleness,
-                                    batch_groups=max(self.fresh_per_step, 1),
-                                    max_concurrent=loop.max_inflight_prompts or
-                                    (algo.max_staleness + 1) * loop.batch_prompts)
-        self.rollout = StreamingRollout(
-            self.runtime, self.window,
-            VersionOrchestrator(len(self.runtime.workers), rollout.max_batch_size),
-            self.ledger, self.reward, self.decode, partial_rollout=rollout.partial_rollout,
-            migrate=rollout.migrate, router=self._router(),
-            episodes=Episodes(self.settings.env, self.decode) if self.settings.env else None)
-        if loop.refill == "stream":
-            self.rollout.on_collect = self._fill_pipeline
-        self.prompt_queue = PromptQueue(self.train_prompts, loop.batch_prompts,
-                                        self.settings.seed)
-        self.elastic = self._elastic_driver()
-
-    def _router(self) -> BucketRouter | None:
-        """Libra's bucket router (or one of its baselines), when routing is on."""
-        routing = self.settings.routing
-        if routing.policy == "none":
-            return None
-        return BucketRouter(routing, bucket_instances(routing))
-
-    def _elastic_driver(self) -> ElasticDriver | None:
-        """Libra's elastic pool, when on: rollout workers lent to training as gradient
-        replicas, by the adaptive scheduler's decisions and/or a pinned schedule."""
-        elastic, adaptive = self.settings.elastic, self.settings.adaptive
-        if not elastic.enabled:
-            return None
-        workers = len(self.runtime.workers)
-        router = self.rollout.router
-        # Layouts move workers between buckets, which only makes sense while a bucket's
-        # instances are like any other's: not when buckets have their own parallelism (the
-        # simulator builds them that wide; a moved instance would keep its width)
-        movable = router is not None and \
-            len({spec.parallelism for spec in router.config.buckets}) == 1
-        plan = GenerationPlan(concurrency=self.settings.rollout.max_batch_size,
-                              partial_rollout=self.settings.rollout.partial_rollout,
-                              layout=router.layout if movable else ())
-        cost = self.settings.plan_cost
-        predictor = PlanPredictor(cost, plan, tail_bounds_step=(
-            self.settings.algorithm.max_staleness == 0)) if adaptive.enabled and cost else None
-        return ElasticDriver(
-            self.runtime, self.rollout,
-            build_pool(workers, self.settings.trainer_ranks, elastic),
-            AdaptiveScheduler(adaptive, plan, predictor) if adaptive.enabled else None,
-            parse_schedule(list(elastic.schedule), workers),
-            rollout_group_size=self.settings.n_samples, predictor=predictor)
+        batch = self.settings.loop.batch_prompts
+        self.fresh_per_step = batch - self.replay.replay_slots(batch)
 
     @property
     def version(self) -> int:
@@ -190,8 +132,7 @@ class Controller:
             if self.checkpoint is not None and step < loop.steps:
                 await self.checkpoint(step)
         await self.rollout.drain()  # groups still generating finish (collected, never trained)
-        if self.elastic is not None:
-            await self.elastic.drain()
+        await self.elastic.drain()
         final = next(m for m in reversed(self.history) if "eval_accuracy" in m)
         return {"initial_eval_accuracy": initial["eval_accuracy"],
                 "final_eval_accuracy": final["eval_accuracy"], "steps": step,
@@ -205,7 +146,9 @@ class Controller:
                 "workers_lost": self.rollout.workers_lost,
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
                 **({"env": self._env_report()} if self.rollout.episodes else {}),
-                **({"elastic": self.elastic.report()} if self.elastic else {})}
+                **({"elastic": report} if (report := self.elastic.report()) else {}),
+                **({"adaptive": report} if isinstance(self.elastic, NoElastic) and
+                   (report := self.elastic.adaptive.report()) else {})}
 
     def _routing_report(self) -> dict[str, Any]:
         stats = self.rollout.router.stats()
@@ -222,27 +165,17 @@ class Controller:
         publish the new weights, rebalance workers between versions. A step whose groups all
         carry no signal trains nothing but still advances the version, so the window admits
         the next batch."""
-        t0 = self.runtime.now()
-        want = self.settings.loop.batch_prompts
-        replayed = self.replay.select(want, self.version)
-        moved_before, restarted_before = self.rollout.migrated, self.rollout.restarted
-        lost_before, regenerated_before = self.rollout.workers_lost, self.rollout.regenerated
-        routed_before = self.rollout.routed
-        episodes = self.rollout.episodes
-        env_before = episodes.stats.metrics() if episodes else {}
+        t0, before = self.runtime.now(), RolloutCounters.of(self.rollout)
+        replayed = self.replay.select(self.settings.loop.batch_prompts, self.version)
         fresh, rollout_metrics = await self.collect_fresh()
         t1 = self.runtime.now()
-        lags = [self.version - t.result.versions[0]  # trainer - behaviour version, per sample
-                for g in fresh for t in g.trajectories if t.result.versions]
         groups = fresh + [group for group, _ in replayed]
         train_metrics: dict[str, float] = {}
         if groups:
             weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
             batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
                                      normalize_std=self.settings.algorithm.normalize_std)
-            replicas = self.elastic.replicas() if self.elastic else []
-            train_metrics = await (self.runtime.train(batch, replicas) if replicas
-                                   else self.runtime.train(batch))
+            train_metrics = await self.runtime.train(batch, self.elastic.replicas())
         t2 = self.runtime.now()
         self.window.advance()
         self.rollout.published(self.version, await self.runtime.sync_weights(
@@ -251,37 +184,19 @@ class Controller:
         self._after_training(fresh, [group for group, _ in replayed])
         # DORA: the new version's share of workers, before its prompts are dispatched.
         await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
-        elastic_metrics: dict[str, Any] = {}
-        if self.elastic is not None:
-            t4 = self.runtime.now()
-            elastic_metrics = await self.elastic.boundary(
-                self.version, self.version,
-                {**rollout_metrics, "train_s": t2 - t1,
-                 "staleness_mean": sum(lags) / max(len(lags), 1)})
-            elastic_metrics["elastic_s"] = self.runtime.now() - t4  # on the critical path
-        tokens = train_metrics.pop("mismatch_tokens", 0.0) or 1.0
-        train_metrics["mismatch_abs_mean"] = train_metrics.pop("mismatch_abs_sum", 0.0) / tokens
-        replay_samples = sum(len(g.trajectories) for g, _ in replayed)
-        env_metrics = counters_since(episodes.stats.metrics(), env_before) if episodes else {}
-        return {**rollout_metrics, **train_metrics, **elastic_metrics, **env_metrics,
-                "version": self.version,
-                "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
-                "staleness_max": max(lags, default=0),
-                # per-sample lags as counts, for `eddy report`'s staleness histogram
-                "staleness_counts": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
-                "samples_trained": sum(len(g.trajectories) for g in groups),
-                "replay_samples": replay_samples, "skipped": int(not groups),
-                "replay_fraction": len(replayed) / max(len(groups), 1),
-                "migrated_requests": self.rollout.migrated - moved_before,
-                "restarted_requests": self.rollout.restarted - restarted_before,
-                "workers_lost": self.rollout.workers_lost - lost_before,
-                "regenerated_requests": self.rollout.regenerated - regenerated_before,
-                "routed_requests": self.rollout.routed - routed_before,
-                "inflight_groups": self.window.running,
-                "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
-                # tokens of this step's batch over the step's wall time: with rollout running
-                # ahead, the wait for the batch (rollout_s) can be ~0 and says nothing of speed
-                "tokens_per_s": rollout_metrics["gen_tokens"] / max(t3 - t0, 1e-9)}
+        record = step_record(self.version, fresh, replayed, rollout_metrics, train_metrics,
+                             self.window.running, (t0, t1, t2, t3))
+        record |= await self._boundary(record)
+        return record | RolloutCounters.of(self.rollout).since(before)
+
+    async def _boundary(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The elastic pool's and the adaptive scheduler's turn, after the step's weight sync;
+        the pool's time (`elastic_s`) is on the critical path."""
+        started = self.runtime.now()
+        metrics = await self.elastic.boundary(self.version, self.version, record)
+        if isinstance(self.elastic, ElasticDriver):
+            metrics["elastic_s"] = self.runtime.now() - started
+        return metrics
 
     def _after_training(self, fresh: list[Group], replayed: list[Group]) -> None:
         """Ledger: fresh groups were trained once and go to replay (or are done); replays count."""
@@ -300,28 +215,28 @@ class Controller:
             self.ledger.evict(group_id, f"replay: {reason}")
 
     def _dispatchable_groups(self) -> int:
-        """Fresh groups `_fill_pipeline` would dispatch now: whole batches, or with streaming
+        """Fresh groups `fill_pipeline` would dispatch now: whole batches, or with streaming
         refill every group the window has room for."""
         size, room = self.fresh_per_step, self.window.capacity()
         if not size:
             return 0
         return room if self.settings.loop.refill == "stream" else room // size * size
 
-    def _fill_pipeline(self) -> None:
+    def fill_pipeline(self) -> None:
         """Dispatch fresh groups while the version window admits them at the latest version
         (whole batches, or any number with streaming refill): one batch at a time with K = 0
         (synchronous), up to K + 1 ahead of training (or `loop.max_inflight_prompts`)
         otherwise; then, with `rollout.fill_legacy`, fill free slots of workers still busy
         with a legacy version with new prompts of that version, where their deadline allows
         (DORA's opportunistic fill)."""
-        if self.rollout.orchestrator.latest != self.window.version:
+        if self.rollout.assignment.latest != self.window.version:
             return  # a step has advanced the version; its weights are not on the workers yet
         n = self.settings.n_samples
         while count := self._dispatchable_groups():
             self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling)
-        if not self.settings.rollout.fill_legacy or self.rollout.partial_rollout:
+        if not self.settings.fill_legacy or self.rollout.partial_rollout:
             return
-        for worker, version, free_slots in self.rollout.orchestrator.legacy_room():
+        for worker, version, free_slots in self.rollout.assignment.legacy_room():
             count = min(free_slots // n, self.window.capacity(version))
             if count > 0:
                 self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling,
@@ -342,13 +257,13 @@ class Controller:
         with dynamic sampling, uninformative groups are dropped (recorded as evicted) and, in
         synchronous mode, refilled from new prompts for up to `max_refill_rounds`."""
         algo = self.settings.algorithm
-        self._fill_pipeline()
+        self.fill_pipeline()
         if not self.fresh_per_step:
             return [], rollout_metrics([], self.reward.errors)
         generated = await self.rollout.next_batch()
         # Taking the batch may free in-flight room (loop.max_inflight_prompts): the next batch
         # starts generating now, while this one trains.
-        self._fill_pipeline()
+        self.fill_pipeline()
         kept = self._drop_uninformative(generated)
         for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
             if len(kept) >= self.fresh_per_step:

@@ -1,9 +1,10 @@
 """The elastic pool at work: the controller's side of Libra's join/leave protocol
-(`scheduler/elastic.py`) and of the adaptive split (`scheduler/adaptive.py`).
+(`scheduler/elastic.py`).
 
 At each step boundary the driver
-1. reports the step's measurements to the adaptive scheduler and applies its decision (borrow
-   or return one worker), and any move pinned in the config (`elastic.schedule`);
+1. asks the adaptive driver (`adaptive_driver.py`) for its split decision, with what the pool
+   allows (borrow or return one worker), performs it, and any move pinned in the config
+   (`elastic.schedule`);
 2. carries every move forward: it performs the protocol's actions through the runtime and the
    streaming rollout, and reports back what finished since the last boundary;
 3. names the joined replicas whose gradients count in the next step (`replicas`).
@@ -24,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..scheduler.adaptive import AdaptiveScheduler, Change, GenerationPlan
-from ..scheduler.plan_predictor import BucketLoad, PlanPredictor, StepObservation
+from ..scheduler.adaptive import Change
 from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
+from .adaptive_driver import AdaptiveDriver, NoAdaptive
 from .rollout import StreamingRollout
 
 
@@ -53,20 +54,18 @@ def parse_schedule(entries: list[str], rollout_workers: int) -> dict[int, list[t
 
 @dataclass
 class ElasticDriver:
-    runtime: Any  # controller.Runtime with join_training / replica_version / leave_training
+    runtime: Any  # runtime.protocol.Runtime that is Elastic (eddyrl.build checks)
     rollout: StreamingRollout
     pool: ElasticPool
-    adaptive: AdaptiveScheduler | None = None
     schedule: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
-    rollout_group_size: int = 1  # requests per group (n_samples), for the pressure signal
-    predictor: PlanPredictor | None = None  # the adaptive scheduler's view of plans, if any
+    # asked for split decisions at each boundary; shares `events` with this driver
+    adaptive: AdaptiveDriver | NoAdaptive = field(default_factory=NoAdaptive)
     _tasks: dict[int, tuple[asyncio.Task, int, str]] = field(default_factory=dict)
-    _busy_before: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_rollout(self) -> int:
-        return len(self.rollout.orchestrator.available)
+        return len(self.rollout.assignment.available)
 
     def replicas(self) -> list[int]:
         """Rollout workers whose replica gradients count in the next step."""
@@ -105,31 +104,11 @@ class ElasticDriver:
     # -- decisions ---------------------------------------------------------------------------
 
     async def _decide(self, step: int, metrics: dict[str, Any]) -> None:
-        if self.adaptive is None or not metrics.get("train_s"):
+        decision = await self.adaptive.decide(step, metrics,
+                                              can_borrow=bool(self.pool.joinable()),
+                                              can_return=bool(self.pool.leavable()))
+        if decision is None:
             return
-        rollout_s = await self._rollout_busy_per_worker()
-        if rollout_s <= 0:
-            return
-        orchestrator = self.rollout.orchestrator
-        serving = max(sum(orchestrator.available), 1)
-        pressure = min(1.0, self.rollout.window.running * self.rollout_group_size /
-                       (serving * orchestrator.slots_per_worker))
-        self.adaptive.observe(step, rollout_s, metrics["train_s"], pressure,
-                              float(metrics.get("staleness_mean", 0.0)))
-        bucket_loads = self._bucket_loads()
-        if self.predictor is not None and metrics.get("response_len_max"):
-            mean_length = float(metrics["response_len_mean"])
-            self.predictor.observe(StepObservation(
-                requests_per_worker=metrics.get("groups_generated", 0) *
-                self.rollout_group_size / serving,
-                mean_length=mean_length, max_length=float(metrics["response_len_max"]),
-                mean_context=float(metrics.get("prompt_len_mean", 0.0)) + mean_length / 2,
-                rollout_s=rollout_s, train_s=metrics["train_s"], buckets=bucket_loads),
-                self.adaptive.plan)
-        decision = self.adaptive.decide(can_borrow=bool(self.pool.joinable()),
-                                        can_return=bool(self.pool.leavable()))
-        self.events.append({"step": step, "decision": decision.change.value,
-                            "reason": decision.reason})
         if decision.change is Change.BORROW:
             # the least busy serving worker: its requests move away fastest
             candidates = self.pool.joinable()
@@ -138,46 +117,6 @@ class ElasticDriver:
         elif decision.change is Change.RETURN:
             await self._request("leave", self.pool.leavable()[0],
                                 f"adaptive: {decision.reason}")
-        elif decision.change is Change.SET_PLAN:
-            await self._apply_plan(decision.plan)
-
-    def _bucket_loads(self) -> tuple[BucketLoad, ...]:
-        """Per bucket, the training requests that finished there since the last boundary."""
-        router = self.rollout.router
-        if router is None:
-            return ()
-        lengths = self.rollout.take_bucket_lengths()
-        loads = []
-        for spec in router.config.buckets:
-            seen = lengths.get(spec.name, [])
-            loads.append(BucketLoad(len(seen), sum(seen) / len(seen) if seen else 0.0,
-                                    float(max(seen, default=0))))
-        return tuple(loads)
-
-    async def _apply_plan(self, plan: GenerationPlan) -> None:
-        """ReFlow's generation strategy on every rollout worker (and Libra's bucket layout on
-        the router), timed: the measured cost is what the adaptive scheduler weighs the next
-        plan change against."""
-        started = self.runtime.now()
-        hosted = await self.runtime.configure_rollout(plan.concurrency, plan.partial_rollout)
-        self.rollout.partial_rollout = plan.partial_rollout
-        self.rollout.published(self.rollout.orchestrator.latest, hosted)
-        if plan.layout and self.rollout.router is not None:
-            self.rollout.router.set_layout(plan.layout)
-        self.adaptive.record_reconfiguration_cost(self.runtime.now() - started)
-        self.events.append({"step": self.pool.step, "plan": {
-            "concurrency": plan.concurrency, "partial_rollout": plan.partial_rollout,
-            **({"layout": list(plan.layout)} if plan.layout else {})}})
-
-    async def _rollout_busy_per_worker(self) -> float:
-        """Seconds the serving rollout workers spent generating since the last boundary, per
-        worker: the rollout time of a step, whether or not the trainer waited for it."""
-        stats = await self.runtime.worker_stats()
-        busy = sum(s.busy_seconds for s in stats)
-        before, self._busy_before = self._busy_before, busy
-        if before is None:
-            return 0.0
-        return (busy - before) / max(sum(self.rollout.orchestrator.available), 1)
 
     async def _request(self, verb: str, worker: int, reason: str) -> None:
         """Ask the pool for a move; a refusal (limits, or the worker mid-move) is recorded
@@ -261,3 +200,25 @@ def build_pool(num_rollout: int, num_train: int, config) -> ElasticPool:
     workers = {i: Role.ROLLOUT for i in range(num_rollout)}
     workers.update({num_rollout + r: Role.TRAIN for r in range(num_train)})
     return ElasticPool(workers, [num_rollout + r for r in range(num_train)], config)
+
+
+class NoElastic:
+    """The elastic pool switched off: no replicas; the adaptive driver, if on, still decides
+    (plans only: nothing can be lent)."""
+
+    def __init__(self, adaptive: AdaptiveDriver | NoAdaptive | None = None) -> None:
+        self.adaptive = adaptive or NoAdaptive()
+
+    def replicas(self) -> list[int]:
+        return []
+
+    async def boundary(self, step: int, version: int, metrics: dict[str, Any]
+                       ) -> dict[str, Any]:
+        await self.adaptive.decide(step, metrics)
+        return {}
+
+    async def drain(self) -> None:
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {}

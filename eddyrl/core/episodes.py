@@ -17,7 +17,7 @@ with the cutoff reward and is counted, never raised, and statistics are kept apa
 training and evaluation episodes.
 
 `EpisodeTurns` is the rollout's side (a mixin of `StreamingRollout`): a turn's end pauses the
-request on its worker (`VersionOrchestrator.paused`: still its version's live work, but not
+request on its worker (`VersionAssignment.paused`: still its version's live work, but not
 running in the engine), the environment steps in a task of its own, and the next turn goes
 where the episode's version is hosted (C1): its worker, or, if that worker took new weights
 meanwhile, another host of the version, moved like a migration; only when no worker hosts it
@@ -31,14 +31,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ..engines.inference.base import GenerationResult, SamplingParams
+from ..protocol import GenerationResult, SamplingParams
 from ..envs.base import EnvStats, Environment, Observation
 from ..envs.episode import Episode, EpisodeState, Turn
 from ..envs.loading import EnvironmentFactory
 
 if TYPE_CHECKING:
     from ..scheduler.buckets import BucketRouter
-    from .orchestrator import VersionOrchestrator
+    from .version_assignment import VersionAssignment
     from .rewarding import SafeReward
     from .rollout import _Request
 
@@ -134,7 +134,7 @@ class EpisodeTurns:
     `_move_between_turns`, `_restart` and `_allowed_targets` do the rest."""
 
     episodes: Episodes | None
-    orchestrator: VersionOrchestrator
+    assignment: VersionAssignment
     router: BucketRouter | None
     reward: SafeReward
     partial_rollout: bool
@@ -151,7 +151,7 @@ class EpisodeTurns:
         """The engine ended one of the episode's turns: it waits for its environment, still
         counted on its worker, while the environment steps off this call."""
         request.episode.stepping = True
-        self.orchestrator.paused(request.worker, request.version)
+        self.assignment.paused(request.worker, request.version)
         self._track(self._take_turn(request_id, request, result))
 
     async def _take_turn(self, request_id: str, request: _Request,
@@ -163,7 +163,7 @@ class EpisodeTurns:
             observation, episode = await self.episodes.take_turn(
                 run, result, request.group.prompt, request.group.answer)
             run.stepping = False
-            self.orchestrator.resumed(request.worker, request.version)
+            self.assignment.resumed(request.worker, request.version)
             if episode is None:
                 tokens = len(run.state.transcript) - len(observation.token_ids)
                 self._tool_returned(request_id, request, observation, tokens)
@@ -183,16 +183,16 @@ class EpisodeTurns:
         """C1 between turns: the next turn stays on its worker if that is still available (not
         lost, not lent to training) and hosts the episode's version (or the version is the
         latest, which the worker switches to); else
-        it goes to another host of the version, picked by the orchestrator as for any request
+        it goes to another host of the version, picked by the assignment as for any request
         of it and moved like a migration. With no host left the episode starts over on the
         latest version (False: nothing to resume)."""
-        orchestrator = self.orchestrator
-        if orchestrator.available[request.worker] and (self.partial_rollout or request.version
-                                                        in (orchestrator.hosted[request.worker],
-                                                            orchestrator.latest)):
+        assignment = self.assignment
+        if assignment.available[request.worker] and (self.partial_rollout or request.version
+                                                        in (assignment.hosted[request.worker],
+                                                            assignment.latest)):
             return True
-        if orchestrator.hosts_now(request.version):
-            target = orchestrator.pick(request.version)
+        if assignment.hosts_now(request.version):
+            target = assignment.pick(request.version)
             self._move_between_turns(request, target)
             if self.router is not None:
                 self.router.relocate(request_id, target)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from .batch import TrainBatch
+from ..protocol import TrainBatch
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Moving running requests between rollout workers: the half of `StreamingRollout` that follows
-the orchestrator's book of which worker hosts which version.
+the assignment's book of which worker hosts which version.
 
 - `published`: new weights reached the workers; requests queued for a superseded version are
   relabelled (with partial rollout, every request goes on with the new weights).
-- `rebalance` (DORA): the orchestrator's plan consolidates a legacy version onto its share of
+- `rebalance` (DORA): the assignment's plan consolidates a legacy version onto its share of
   workers and evacuates workers lent to training; a running request is aborted on its source
   and resumed on the target from its partial output, an episode between turns just takes its
   next turn there (no abort).
@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..engines.inference.base import GenerationRequest, GenerationResult
+from ..protocol import GenerationRequest, GenerationResult
 from ..errors import WorkerLost
-from .orchestrator import VersionOrchestrator
+from .version_assignment import VersionAssignment
 
 if TYPE_CHECKING:
     from ..scheduler.buckets import BucketRouter
@@ -39,9 +39,22 @@ if TYPE_CHECKING:
 LOST = "worker_lost"  # the reason a lost worker's requests restart (ledger, episode metrics)
 
 
+class CannotReplace(Exception):
+    """What `NoRecovery` answers: the runtime starts no new worker processes."""
+
+
+class NoRecovery:
+    """The recovery of a runtime that is not `runtime.protocol.Recoverable`: a lost worker
+    ends the run, named."""
+
+    async def replace_worker(self, worker: int) -> int:
+        raise CannotReplace(worker)
+
+
 class RolloutMigration:
     runtime: Any
-    orchestrator: VersionOrchestrator
+    recovery: Any  # runtime.protocol.Recoverable, or NoRecovery
+    assignment: VersionAssignment
     router: BucketRouter | None
     episodes: Episodes | None
     partial_rollout: bool
@@ -69,13 +82,13 @@ class RolloutMigration:
         applies the newest staged weights); their group keeps its dispatch version for the
         window, which only makes the staleness bound more conservative."""
         # -1: a worker being replaced (the runtime does not know its weights yet)
-        hosted = [h if h >= 0 else self.orchestrator.hosted[w] for w, h in enumerate(hosted)]
-        self.orchestrator.published(version, hosted)
+        hosted = [h if h >= 0 else self.assignment.hosted[w] for w, h in enumerate(hosted)]
+        self.assignment.published(version, hosted)
         for worker in [w for w, v in self._replaced.items() if v <= version]:
             self._replacing.discard(worker)  # replaced with weights this rollout now knows
             self.take_back(worker, max(self._replaced.pop(worker), hosted[worker]))
         if self.partial_rollout:  # running requests go on with the new weights
-            self.orchestrator.adopt_latest()
+            self.assignment.adopt_latest()
         for request in self._requests.values():
             if self.partial_rollout or hosted[request.worker] < request.version < version:
                 request.version = version
@@ -87,8 +100,8 @@ class RolloutMigration:
         instead of starting over. None with partial rollout (turns go on with new weights)."""
         if self.partial_rollout:
             return []
-        return [w for w, waiting in enumerate(self.orchestrator.between_turns)
-                if waiting.get(self.orchestrator.hosted[w])]
+        return [w for w, waiting in enumerate(self.assignment.between_turns)
+                if waiting.get(self.assignment.hosted[w])]
 
     async def rebalance(self, new_requests: int) -> int:
         """DORA's reassignment after a train step: consolidate legacy versions onto their share
@@ -98,10 +111,10 @@ class RolloutMigration:
         if self.partial_rollout:
             return 0  # every worker already runs the latest weights: lent ones just drain
         moving = 0
-        self.orchestrator.observed_kv([s.kv_cache_usage for s in
+        self.assignment.observed_kv([s.kv_cache_usage for s in
                                        await self.runtime.worker_stats()])
-        for move in self.orchestrator.plan(new_requests):
-            if not self.migrate and self.orchestrator.available[move.source]:
+        for move in self.assignment.plan(new_requests):
+            if not self.migrate and self.assignment.available[move.source]:
                 continue  # consolidation off; evacuating a lent worker is still needed
             ids = [rid for rid, r in self._requests.items()
                    if r.worker == move.source and r.version == move.version
@@ -117,7 +130,7 @@ class RolloutMigration:
                     self.router.relocate(rid, move.target)
             moving += len(ids)
             if running:
-                self.orchestrator.moved(move.source, move.target, move.version, len(running))
+                self.assignment.moved(move.source, move.target, move.version, len(running))
                 for rid in running:
                     self._requests[rid].moving_to = move.target
                 await self.runtime.abort(move.source, running)
@@ -126,7 +139,7 @@ class RolloutMigration:
     def _move_between_turns(self, request: _Request, target: int) -> None:
         """An episode whose engine is not running it (between turns, or about to resume)
         takes its next turn on `target`, which hosts its version: nothing to abort."""
-        self.orchestrator.moved(request.worker, target, request.version,
+        self.assignment.moved(request.worker, target, request.version,
                                 between_turns=request.episode.stepping)
         request.worker = target
         self.migrated += 1
@@ -137,18 +150,18 @@ class RolloutMigration:
         """Stop giving `worker` work and move its running requests elsewhere where another
         worker hosts their version; returns the requests still running on it (they finish
         there: `running_on` says when it is empty)."""
-        self.orchestrator.set_available(worker, False)
+        self.assignment.set_available(worker, False)
         await self.rebalance(0)
         return self.running_on(worker)
 
     def running_on(self, worker: int) -> int:
-        return sum(self.orchestrator.pending[worker].values())
+        return sum(self.assignment.pending[worker].values())
 
     def take_back(self, worker: int, hosted_version: int) -> None:
         """`worker` is a rollout worker again, hosting `hosted_version`; requests waiting for
         any worker (all were lost) start now."""
-        self.orchestrator.hosted[worker] = hosted_version
-        self.orchestrator.set_available(worker, True)
+        self.assignment.hosted[worker] = hosted_version
+        self.assignment.set_available(worker, True)
         parked, self._parked = self._parked, []
         for request_id in parked:
             self._place_again(request_id, self._requests[request_id])
@@ -163,7 +176,7 @@ class RolloutMigration:
         one version per trajectory, no sample lost. Its group keeps its dispatch version in the
         window, which only makes the staleness bound conservative. With no worker available
         (all lost), it waits for a replacement (`take_back`)."""
-        self.orchestrator.finished(request.worker, request.version)
+        self.assignment.finished(request.worker, request.version)
         if request.episode is not None:  # an episode restarts too, in a fresh environment
             self._track(self.episodes.close(request.episode))
             request.episode = self.episodes.restart(request.episode, reason)
@@ -171,23 +184,23 @@ class RolloutMigration:
             self.regenerated += 1
         else:
             self.restarted += 1
-        if not any(self.orchestrator.available):
+        if not any(self.assignment.available):
             self._parked.append(request_id)
             return
         self._place_again(request_id, request)
 
     def _place_again(self, request_id: str, request: _Request) -> None:
         """Start the request from scratch on the latest version, where the router or the
-        orchestrator puts a new one."""
-        request.version = self.orchestrator.latest
+        assignment puts a new one."""
+        request.version = self.assignment.latest
         if self.router is not None:  # from scratch: a new path, from the smallest bucket
             self.router.cancel(request_id)
             request.worker = self.router.start(request_id, request.group.prompt,
-                                               self.orchestrator.eligible(request.version)
+                                               self.assignment.eligible(request.version)
                                                ).instance
         else:
-            request.worker = self.orchestrator.pick(request.version)
-        self.orchestrator.dispatched(request.worker, request.version)
+            request.worker = self.assignment.pick(request.version)
+        self.assignment.dispatched(request.worker, request.version)
         self._launch_all({request.worker: [self._request(
             request_id, request.group.prompt_ids, request.sampling, request.version,
             request.priority)]})
@@ -204,7 +217,7 @@ class RolloutMigration:
         move = self.router.on_progress(request_id, len(progress.token_ids), allowed)
         if move is None:
             return
-        self.orchestrator.moved(move.source.instance, move.target.instance, request.version)
+        self.assignment.moved(move.source.instance, move.target.instance, request.version)
         request.moving_to = move.target.instance
         self.routed += 1
         self._abort.setdefault(move.source.instance, []).append(request_id)
@@ -213,9 +226,9 @@ class RolloutMigration:
     def _allowed_targets(self, request: _Request) -> list[int]:
         """Workers the router may move the request to: those that can run its version now."""
         if self.partial_rollout:
-            return [w for w in range(self.orchestrator.num_workers)
-                    if self.orchestrator.available[w]]
-        return self.orchestrator.hosts_now(request.version)
+            return [w for w in range(self.assignment.num_workers)
+                    if self.assignment.available[w]]
+        return self.assignment.hosts_now(request.version)
 
     # -- resumes and aborts, batched per worker ------------------------------------------------
 
@@ -225,12 +238,12 @@ class RolloutMigration:
         lost since the move was decided is replaced by another host of the version, if any;
         else the request starts over."""
         if request.worker in self._replacing:
-            hosts = self.orchestrator.hosts_now(request.version)
+            hosts = self.assignment.hosts_now(request.version)
             if not hosts:
                 self._restart(request, partial.request_id, LOST)
                 return
-            target = self.orchestrator.pick(request.version)
-            self.orchestrator.moved(request.worker, target, request.version)
+            target = self.assignment.pick(request.version)
+            self.assignment.moved(request.worker, target, request.version)
             request.worker = target
         self._resume.setdefault(request.worker, []).append(self._request(
             partial.request_id, partial.prompt_ids, request.sampling, request.version,
@@ -281,7 +294,7 @@ class RolloutMigration:
         it (`published`)."""
         self._incarnation[worker] = self._incarnation.get(worker, 0) + 1
         self.workers_lost += 1
-        self.orchestrator.set_available(worker, False, lost=True)
+        self.assignment.set_available(worker, False, lost=True)
         self._replacing.add(worker)
         self._resume.pop(worker, None)  # never sent: regenerated below with the rest
         self._abort.pop(worker, None)
@@ -308,17 +321,16 @@ class RolloutMigration:
         """Have the runtime start a new process for `worker`; it comes back with the weights
         of the version the runtime last published (if this rollout has not heard of that
         version yet, `published` takes it back)."""
-        replace = getattr(self.runtime, "replace_worker", None)
-        if replace is None:
+        try:
+            version = await self.recovery.replace_worker(worker)
+        except CannotReplace:
             self._fail(WorkerLost(worker, "generation", f"{reason}; this runtime cannot "
                                   "replace workers"))
             return
-        try:
-            version = await replace(worker)
         except BaseException as exc:  # surfaced to whoever waits next
             self._fail(exc)
             return
-        if version <= self.orchestrator.latest:
+        if version <= self.assignment.latest:
             self._replacing.discard(worker)
             self.take_back(worker, version)
         else:

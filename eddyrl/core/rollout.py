@@ -5,7 +5,7 @@ allows. Time-agnostic like the controller: it awaits only the runtime.
 Who decides what:
 - the version window: how many groups may be in flight, at which version, and which collected
   groups form the next batch (staleness <= K);
-- the orchestrator: which workers may run a request (one version per worker at a time) and
+- the assignment: which workers may run a request (one version per worker at a time) and
   which running requests migrate so that a legacy version's tail holds as few workers as
   possible; without a router it also picks the worker, one per group;
 - the bucket router (Libra, optional): which of those workers runs each request, and, as the
@@ -36,16 +36,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from ..protocol import GenerationRequest, GenerationResult, Group, SamplingParams, Trajectory
 from ..errors import WorkerLost
 from ..scheduler.buckets import BucketRouter
 from .episodes import EpisodeRun, Episodes, EpisodeTurns
 from .ledger import Ledger
-from .migration import RolloutMigration
-from .orchestrator import VersionOrchestrator
+from .migration import NoRecovery, RolloutMigration
+from .version_assignment import VersionAssignment
 from .rewarding import SafeReward
 from .store import ExperienceStore
-from .trajectory import Group, Trajectory
 from .version_window import VersionWindow
 
 TRAINER = "trainer"
@@ -67,9 +66,9 @@ class _Request:
 
 @dataclass
 class StreamingRollout(EpisodeTurns, RolloutMigration):
-    runtime: Any  # controller.Runtime
+    runtime: Any  # runtime.protocol.Runtime
     window: VersionWindow
-    orchestrator: VersionOrchestrator
+    assignment: VersionAssignment
     ledger: Ledger
     reward: SafeReward
     decode: Callable[[list[int]], str]
@@ -79,6 +78,9 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
     # called after each group is collected (streaming refill: the controller tops up)
     on_collect: Callable[[], None] | None = None
     episodes: Episodes | None = None  # multi-turn episodes in an environment; None: one turn
+    # replaces lost workers: the runtime when it is `Recoverable` (eddyrl.build), else a
+    # stand-in under which a lost worker ends the run
+    recovery: Any = field(default_factory=NoRecovery)
     store: ExperienceStore = field(default_factory=ExperienceStore)
     _requests: dict[str, _Request] = field(default_factory=dict)
     _rows: dict[str, list[int]] = field(default_factory=dict)  # group -> its store rows
@@ -115,7 +117,7 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
     def dispatch(self, groups: list[Group], n: int, sampling: SamplingParams,
                  version: int | None = None, worker: int | None = None) -> None:
         """Admit fresh groups through the window at `version` (default: the latest) and start
-        them: each group whole on one worker (the orchestrator's pick, or `worker`)."""
+        them: each group whole on one worker (the assignment's pick, or `worker`)."""
         per_worker: dict[int, list[GenerationRequest]] = {}
         for group in groups:
             group.dispatch_version = self.window.dispatch(group.group_id, version)
@@ -132,7 +134,7 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
         per_worker: dict[int, list[GenerationRequest]] = {}
         loop = asyncio.get_running_loop()
         for group in groups:
-            group.dispatch_version = self.orchestrator.latest
+            group.dispatch_version = self.assignment.latest
             self._waiters[group.group_id] = loop.create_future()
             self._expected[group.group_id] = n
             target = self._assign(group, n, sampling, False, None, per_worker, training=track)
@@ -152,20 +154,20 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
                 training: bool = True) -> int:
         """Place the group's `n` requests (on `worker` if given) and queue them per worker;
         returns the first one's worker. Without a router the whole group goes to the
-        orchestrator's pick; with one, each request to the router's choice among the workers
-        the orchestrator allows."""
+        assignment's pick; with one, each request to the router's choice among the workers
+        the assignment allows."""
         version = group.dispatch_version
         priority = next(self._dispatched_groups)
         first = None
         for sample in range(n):
             request_id = f"{group.group_id}-{sample}"
             if self.router is not None:
-                allowed = [worker] if worker is not None else self.orchestrator.eligible(version)
+                allowed = [worker] if worker is not None else self.assignment.eligible(version)
                 target = self.router.start(request_id, group.prompt, allowed).instance
             elif first is None:
-                target = self.orchestrator.pick(version) if worker is None else worker
+                target = self.assignment.pick(version) if worker is None else worker
             first = target if first is None else first
-            self.orchestrator.dispatched(target, version)
+            self.assignment.dispatched(target, version)
             self._requests[request_id] = _Request(
                 group, sample, sampling, target, version, track, priority,
                 episode=self._new_episode(sampling, training))
@@ -226,7 +228,7 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
             self._restart(request, result.request_id, "refused")
             return
         if request.moving_to is not None:
-            # The orchestrator's book has had it on the target since the move was decided.
+            # The assignment's book has had it on the target since the move was decided.
             request.worker, request.moving_to = request.moving_to, None
             if not result.finished:  # aborted for its migration: resume it there
                 self.migrated += 1
@@ -253,7 +255,7 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
                 error: str | None) -> None:
         """A response is complete: free its place, then store it (training) or hand it to
         the waiting evaluation."""
-        self.orchestrator.finished(request.worker, request.version)
+        self.assignment.finished(request.worker, request.version)
         del self._requests[result.request_id]
         self._stale_aborts.pop(result.request_id, None)
         if self.router is not None:  # learn from complete training samples only

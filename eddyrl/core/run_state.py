@@ -28,10 +28,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..engines.inference.base import GenerationResult
+from ..protocol import GenerationResult, Group, Trajectory
 from ..errors import ConfigError
 from .ledger import State
-from .trajectory import Group, Trajectory
 
 # In a checkpoint beside the trainer's files: a directory of their own (the checkpoint's root is
 # an HF model directory, whose *.safetensors are the weights), and the ledger at the top, where

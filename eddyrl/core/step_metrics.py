@@ -1,10 +1,12 @@
-"""What a step reports about the groups it generated, and how counters grew over a step."""
+"""What a step reports: the groups it generated and trained, how the rollout's counters grew
+over it, and its timings."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
-from .trajectory import Group
+from ..protocol import Group
 
 
 def counters_since(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -24,3 +26,59 @@ def rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
             "gen_tokens": sum(t.num_generated for t in trajectories),
             "prompt_len_mean": sum(prompts) / len(prompts),
             "groups_generated": len(groups), "reward_errors": reward_errors}
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCounters:
+    """The streaming rollout's running totals, read at once: a step takes one at its start and
+    reports `since` it at its end (environment statistics included, multi-turn only)."""
+
+    migrated: int = 0  # requests moved between workers
+    restarted: int = 0  # trajectories regenerated because their version's weights were gone
+    workers_lost: int = 0
+    regenerated: int = 0  # requests regenerated because their worker was lost
+    routed: int = 0  # of `migrated`: moved by the bucket router to another bucket
+    env: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, rollout: Any) -> RolloutCounters:
+        env = rollout.episodes.stats.metrics() if rollout.episodes else {}
+        return cls(rollout.migrated, rollout.restarted, rollout.workers_lost,
+                   rollout.regenerated, rollout.routed, tuple(env.items()))
+
+    def since(self, before: RolloutCounters) -> dict[str, float]:
+        names = {"migrated": "migrated_requests", "restarted": "restarted_requests",
+                 "workers_lost": "workers_lost", "regenerated": "regenerated_requests",
+                 "routed": "routed_requests"}
+        grown = {names[f.name]: getattr(self, f.name) - getattr(before, f.name)
+                 for f in fields(self) if f.name in names}
+        return {**counters_since(dict(self.env), dict(before.env)), **grown}
+
+
+def step_record(version: int, fresh: list[Group], replayed: list[tuple[Group, float]],
+                generated: dict[str, Any], train: dict[str, float], inflight: int,
+                times: tuple[float, float, float, float]) -> dict[str, Any]:
+    """One step's metrics: `generated` (`rollout_metrics` of the groups the rollout handed
+    out), the trainer's, and the wait for the batch (t0..t1), training
+    (..t2) and the weight sync (..t3)."""
+    t0, t1, t2, t3 = times
+    train = dict(train)
+    tokens = train.pop("mismatch_tokens", 0.0) or 1.0
+    train["mismatch_abs_mean"] = train.pop("mismatch_abs_sum", 0.0) / tokens
+    lags = [version - 1 - t.result.versions[0]  # trainer - behaviour version, per sample
+            for g in fresh for t in g.trajectories if t.result.versions]
+    groups = len(fresh) + len(replayed)
+    return {**generated, **train, "version": version,
+            "groups_kept": len(fresh), "staleness_mean": sum(lags) / max(len(lags), 1),
+            "staleness_max": max(lags, default=0),
+            # per-sample lags as counts, for `eddy report`'s staleness histogram
+            "staleness_counts": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
+            "samples_trained": sum(len(g.trajectories) for g in fresh) +
+            sum(len(g.trajectories) for g, _ in replayed),
+            "replay_samples": sum(len(g.trajectories) for g, _ in replayed),
+            "skipped": int(not groups), "replay_fraction": len(replayed) / max(groups, 1),
+            "inflight_groups": inflight,
+            "rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
+            # tokens of this step's batch over the step's wall time: with rollout running
+            # ahead, the wait for the batch (rollout_s) can be ~0 and says nothing of speed
+            "tokens_per_s": generated["gen_tokens"] / max(t3 - t0, 1e-9)}

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .batching import balanced_partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,3 +185,20 @@ class ExperienceStore:
 def _complete(group: _Group, columns: tuple[str, ...]) -> bool:
     size = len(group.rows)
     return all(group.filled.get(column, 0) == size for column in columns)
+
+
+def balanced_partition(token_counts: list[int], parts: int) -> list[list[int]]:
+    """Row indices for each part, greedily balancing token counts (longest first), each part
+    getting as close to the same number of rows as possible."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    capacity = -(-len(token_counts) // parts)  # rows per part, rounded up
+    order = sorted(range(len(token_counts)), key=lambda i: -token_counts[i])
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in order:
+        open_bins = [b for b in range(parts) if len(bins[b]) < capacity]
+        target = min(open_bins, key=lambda b: loads[b])
+        bins[target].append(i)
+        loads[target] += token_counts[i]
+    return [sorted(b) for b in bins]

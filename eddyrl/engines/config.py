@@ -28,7 +28,7 @@ class RolloutConfig:
     # New weights reach running trajectories at the next decode step (per-token versions
     # recorded) instead of after they finish on the old weights.
     partial_rollout: bool = False
-    # DORA's orchestrator (without partial rollout): after each train step, move running
+    # DORA's assignment (without partial rollout): after each train step, move running
     # requests of a legacy version off the workers the new version needs (abort there, resume
     # on a worker that still hosts that version), so each version holds workers in proportion
     # to its pending requests.

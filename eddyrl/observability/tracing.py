@@ -10,10 +10,13 @@ idle time: the most significant activity under way (`PRIORITY`) is the one drawn
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from ..core.rewarding import SafeReward
+from ..protocol import EngineStats, GenerationRequest, GenerationResult
+from ..runtime.protocol import Checkpointable, Elastic, Plannable, Recoverable, capabilities
 from .trace import Trace
 
 # Most significant first: a worker loading weights while its stream is open is drawn as
@@ -78,9 +81,18 @@ class Track:
 
 
 class TracingRuntime:
-    """The runtime protocol, passed through to `runtime`, with each worker's activity recorded
-    in `trace` (seconds since `origin`, on the runtime's clock). Anything else the controller
-    or launch asks of the runtime (workers, worker_stats, shutdown, ...) goes straight to it."""
+    """The runtime protocol (`runtime.protocol.Runtime`), passed through to `runtime`, with each
+    worker's activity recorded in `trace` (seconds since `origin`, on the runtime's clock).
+
+    Every call is forwarded explicitly, and the wrapper has exactly the capabilities of the
+    runtime it wraps: `TracingRuntime(runtime, ...)` is an instance of a subclass that adds the
+    traced forwarding of each optional protocol `runtime` implements (`_FORWARDERS`), so
+    `isinstance(tracer, Recoverable)` answers as `isinstance(runtime, Recoverable)` does."""
+
+    def __new__(cls, runtime: Any, *args: Any, **kwargs: Any) -> "TracingRuntime":
+        if cls is TracingRuntime:
+            cls = _traced_class(tuple(capabilities(runtime)))
+        return super().__new__(cls)
 
     def __init__(self, runtime: Any, trace: Trace, trainer_ranks: int = 1,
                  origin: float | None = None) -> None:
@@ -99,11 +111,9 @@ class TracingRuntime:
         track = self.tracks[key] = Track(self.trace, *key)
         return track
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "runtime":  # not set yet: never look it up on itself
-            raise AttributeError(name)
-        value = getattr(self.runtime, name)  # absent there: absent here (callers getattr)
-        return self._replace_worker if name == "replace_worker" else value
+    @property
+    def workers(self) -> list[Any]:
+        return self.runtime.workers
 
     def now(self) -> float:
         return self.runtime.now()
@@ -130,55 +140,34 @@ class TracingRuntime:
         return [key for key in self.tracks if key[0] == role]
 
     # -- the runtime protocol ----------------------------------------------------------------
-    # Arguments pass through as given (*args, **kwargs): the protocol can grow a parameter
-    # without this wrapper having to follow; only the worker a call is for is read here.
 
-    async def generate(self, worker: int, *args, **kwargs) -> AsyncIterator[Any]:
+    async def generate(self, worker: int, requests: list[GenerationRequest]
+                       ) -> AsyncIterator[GenerationResult]:
         """One span from the call to the end of its stream (per request would be too many)."""
         keys = [("rollout", worker)]
         self._mark("generate", keys, True)
         try:
-            async for result in self.runtime.generate(worker, *args, **kwargs):
+            async for result in self.runtime.generate(worker, requests):
                 yield result
         finally:
             self._mark("generate", keys, False)
 
-    async def train(self, batch: Any, *args, **kwargs) -> dict[str, float]:
+    async def train(self, batch: Any, replicas: Sequence[int] = ()) -> dict[str, float]:
         """The trainer ranks train; rollout workers lent to training (elastic replicas) too."""
-        replicas = kwargs.get("replicas", args[0] if args else None)
-        lent = [("rollout", w) for w in replicas or []]
+        lent = [("rollout", w) for w in replicas]
         return await self._timed("train", self._role("train"), self._timed(
-            "replica", lent, self.runtime.train(batch, *args, **kwargs)))
+            "replica", lent, self.runtime.train(batch, replicas)))
 
-    async def sync_weights(self, *args, **kwargs) -> list[int]:
+    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         return await self._timed("weight sync", self._role("train") + self._role("rollout"),
-                                 self.runtime.sync_weights(*args, **kwargs))
+                                 self.runtime.sync_weights(version, hold))
 
-    async def abort(self, worker: int, *args, **kwargs) -> None:
+    async def abort(self, worker: int, request_ids: list[str]) -> None:
         await self._timed("migrate", [("rollout", worker)],
-                          self.runtime.abort(worker, *args, **kwargs))
+                          self.runtime.abort(worker, request_ids))
 
-    async def join_training(self, worker: int, *args, **kwargs) -> None:
-        await self._timed("join", [("rollout", worker)],
-                          self.runtime.join_training(worker, *args, **kwargs))
-
-    async def leave_training(self, worker: int, *args, **kwargs) -> int:
-        return await self._timed("leave", [("rollout", worker)],
-                                 self.runtime.leave_training(worker, *args, **kwargs))
-
-    async def configure_rollout(self, *args, **kwargs) -> list[int]:
-        return await self._timed("configure", self._role("rollout"),
-                                 self.runtime.configure_rollout(*args, **kwargs))
-
-    async def _replace_worker(self, worker: int, *args, **kwargs) -> int:
-        return await self._timed("replace", [("rollout", worker)],
-                                 self.runtime.replace_worker(worker, *args, **kwargs))
-
-    async def save(self, *args, **kwargs) -> None:
-        await self._timed("checkpoint", self._role("train"), self.runtime.save(*args, **kwargs))
-
-    async def load(self, *args, **kwargs) -> None:
-        await self._timed("checkpoint", self._role("train"), self.runtime.load(*args, **kwargs))
+    async def worker_stats(self) -> list[EngineStats]:
+        return await self.runtime.worker_stats()
 
     # -- the driver and the end ----------------------------------------------------------------
 
@@ -194,6 +183,54 @@ class TracingRuntime:
             track.close(now)
         self.trace.duration_s = now
         return self.trace
+
+
+class _TracedElastic:
+    async def join_training(self, worker: int) -> None:
+        await self._timed("join", [("rollout", worker)], self.runtime.join_training(worker))
+
+    async def replica_version(self, worker: int) -> int:
+        return await self.runtime.replica_version(worker)
+
+    async def leave_training(self, worker: int) -> int:
+        return await self._timed("leave", [("rollout", worker)],
+                                 self.runtime.leave_training(worker))
+
+
+class _TracedPlannable:
+    async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
+        return await self._timed("configure", self._role("rollout"),
+                                 self.runtime.configure_rollout(max_batch_size, partial_rollout))
+
+
+class _TracedRecoverable:
+    async def replace_worker(self, worker: int) -> int:
+        return await self._timed("replace", [("rollout", worker)],
+                                 self.runtime.replace_worker(worker))
+
+    @property
+    def replacements(self) -> int:
+        return self.runtime.replacements
+
+
+class _TracedCheckpointable:
+    async def save(self, path: str) -> None:
+        await self._timed("checkpoint", self._role("train"), self.runtime.save(path))
+
+    async def load(self, path: str) -> None:
+        await self._timed("checkpoint", self._role("train"), self.runtime.load(path))
+
+
+_FORWARDERS = {Elastic: _TracedElastic, Plannable: _TracedPlannable,
+               Recoverable: _TracedRecoverable, Checkpointable: _TracedCheckpointable}
+
+
+@functools.cache
+def _traced_class(caps: tuple[type, ...]) -> type:
+    if not caps:
+        return TracingRuntime
+    name = "Tracing" + "".join(cap.__name__ for cap in caps) + "Runtime"
+    return type(name, (*(_FORWARDERS[cap] for cap in caps), TracingRuntime), {})
 
 
 @dataclass

@@ -5,10 +5,10 @@ use to drive the real controller and rollout against real engines."""
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
-from ..engines.inference.base import (EngineStats, GenerationRequest, GenerationResult,
-                                     InferenceEngine)
+from ..engines.inference.base import InferenceEngine
+from ..protocol import EngineStats, GenerationRequest, GenerationResult
 
 
 class InProcessRuntime:
@@ -29,8 +29,8 @@ class InProcessRuntime:
     async def worker_stats(self) -> list[EngineStats]:
         return [engine.stats() for engine in self.workers]
 
-    async def train(self, batch):
+    async def train(self, batch: Any, replicas: Sequence[int] = ()) -> dict[str, float]:
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")
 
-    async def sync_weights(self, version: int, hold=()) -> list[int]:
+    async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         raise NotImplementedError("the in-process runtime evaluates only; use `eddy train`")

@@ -7,11 +7,15 @@ weight channel then stages through host memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
-from ..config import EddyConfig
 from ..errors import PlatformError
 from ..hal import Platform, get_platform
+
+if TYPE_CHECKING:
+    from ..config import EddyConfig
 
 ROLES = ("rollout", "train")
 

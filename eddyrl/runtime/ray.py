@@ -13,18 +13,19 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
-from ..config import EddyConfig
-from ..core.batch import TrainBatch
+from ..protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ..core.batching import split_for_ranks
-from ..engines.inference.base import EngineStats, GenerationRequest, GenerationResult
 from ..errors import EddyError, WorkerCallError, WorkerLost
 from ..hal import get_platform
 from .placement import role_platform_name
 from .ray_placement import actor_options, check_split_devices, colocation_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
+
+if TYPE_CHECKING:
+    from ..config import EddyConfig
 
 
 def start_ray(config: EddyConfig) -> None:
@@ -191,7 +192,7 @@ class RayRuntime(WorkerReplacement):
             for result in await self._rollout_call(worker, what, lambda _: ref):
                 yield result
 
-    async def train(self, batch: TrainBatch, replicas: list[int] | None = None
+    async def train(self, batch: TrainBatch, replicas: Sequence[int] = ()
                     ) -> dict[str, float]:
         """One RL step over the trainer ranks and, from the elastic pool, the rollout workers
         in `replicas` (joined and active): rows are split by tokens over all of them; each
@@ -200,7 +201,7 @@ class RayRuntime(WorkerReplacement):
         if self.colocated:
             await self._hand_devices_to("train")
         switch_s, self._switch_s = self._switch_s, 0.0
-        replicas = list(replicas or [])
+        replicas = list(replicas)
         parts = split_for_ranks(batch, len(self.trainers) + len(replicas))
         total = int(batch.loss_mask.sum())
         refs = [self.workers[w].replica_gradients.remote(part, total)

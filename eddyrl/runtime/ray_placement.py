@@ -5,11 +5,13 @@ rank i)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import EddyConfig
 from ..errors import ConfigError
 from ..hal import get_platform
+
+if TYPE_CHECKING:
+    from ..config import EddyConfig
 
 
 def actor_options(platform_name: str, cpus: float, share: float = 1.0,

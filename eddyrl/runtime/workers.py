@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import torch
 
-from ..config import EddyConfig
-from ..core.batch import TrainBatch
+from ..protocol import GenerationRequest, GenerationResult, TrainBatch
 from ..core.losses import make_policy_loss
-from ..engines.inference.base import GenerationRequest, GenerationResult
 from ..engines.registry import load_engine_class
 from ..engines.training.replica import GradientReplica
 from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
 from ..scheduler.buckets import worker_batch_size
 from .placement import role_platform_name
+
+if TYPE_CHECKING:
+    from ..config import EddyConfig
 
 
 def _prepare_process(config: EddyConfig) -> None:

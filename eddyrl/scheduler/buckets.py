@@ -20,7 +20,7 @@ instance with the fewest connections is chosen. A move either re-prefills the pr
 target ("recompute") or moves the KV cache ("carry_kv", only between engines that both support
 it), whichever the injected cost functions say is cheaper; `cost_model.py` plugs in there.
 
-In a run, the version orchestrator says which workers may take a request now (C1: a worker
+In a run, the version assignment says which workers may take a request now (C1: a worker
 hosting its version, or free to switch to it; not one lent to training): every placement and
 move is made among those (`allowed`), and a move whose target bucket has none is not made.
 Moves made by others (DORA's consolidation, a restart) are reported with `relocate`.
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from ..errors import ConfigError
-from .prefix_tree import (Milestone, NodeStats, Prediction, PrefixTrees, State, ToolState,
-                          milestone_state, p90)
+from .prefix_tree import Milestone, NodeStats, Prediction, PrefixTrees, State, milestone_state, p90
+from ..protocol import ToolState
 from .routing_config import (BucketSpec, RoutingConfig, bucket_instances, bucket_of_worker,
                              consecutive, worker_batch_size)
 

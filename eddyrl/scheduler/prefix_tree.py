@@ -14,34 +14,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, NamedTuple, Sequence
 
-PAYLOAD_SIZES = ("small", "medium", "large")
-TOOL_STATUSES = ("success", "failure", "timeout")
-
-
-@dataclass(frozen=True, slots=True)
-class ToolState:
-    """What one tool return told us about a request."""
-
-    tool: str
-    size: str  # small | medium | large
-    status: str  # success | failure | timeout
-
-    def __post_init__(self) -> None:
-        if self.size not in PAYLOAD_SIZES:
-            raise ValueError(f"tool payload size {self.size!r} is not one of {PAYLOAD_SIZES}")
-        if self.status not in TOOL_STATUSES:
-            raise ValueError(f"tool status {self.status!r} is not one of {TOOL_STATUSES}")
-
-    @classmethod
-    def from_return(cls, tool: str, payload_bytes: int, status: str,
-                    thresholds: Sequence[int]) -> ToolState:
-        """Classify a payload of `payload_bytes`: small below thresholds[0], large from
-        thresholds[1] on (`RoutingConfig.payload_bytes`)."""
-        if payload_bytes < 0:
-            raise ValueError(f"tool payload of {payload_bytes} bytes is negative")
-        size = PAYLOAD_SIZES[sum(payload_bytes >= t for t in thresholds)]
-        return cls(tool, size, status)
-
 
 @dataclass(frozen=True, slots=True)
 class Milestone:

@@ -34,7 +34,7 @@ def _default_buckets() -> list[BucketSpec]:
 
 @dataclass(kw_only=True, slots=True)
 class RoutingConfig:
-    # none: the version orchestrator alone places requests (least loaded); bucket: Libra;
+    # none: the version assignment alone places requests (least loaded); bucket: Libra;
     # round_robin, least_load, fifo: baselines of the same router, for comparison
     policy: str = "none"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising

@@ -11,7 +11,7 @@ from .formats import FORMATS
 
 
 # The built-in synthetic tasks, generated when no data files are given: `arith` (tasks/arith.py,
-# single-turn) and `tool_add` (envs/tool_task.py: sums too long to add without the calculator
+# single-turn) and `tool_add` (tasks/tool_task.py: sums too long to add without the calculator
 # environment, `env.name = calculator`).
 TASKS = ("arith", "tool_add")
 

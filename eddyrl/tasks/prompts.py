@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..envs import tool_task
+from . import tool_task
 from ..errors import ConfigError
 from ..tasks.arith import ArithTaskConfig, write_splits
 from ..tasks.config import DataConfig

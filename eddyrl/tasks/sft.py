@@ -1,5 +1,5 @@
 """Supervised warm start for the tiny policy on arith demonstrations, or on reference episodes
-of the tiny multi-turn tool task (`envs/tool_task.py`).
+of the tiny multi-turn tool task (`tasks/tool_task.py`).
 
 The warm start is deliberately short: it teaches the response format and some arithmetic,
 leaving held-out accuracy modest so that RL has visible room to climb.
@@ -24,7 +24,7 @@ from eddyrl.tasks.arith import (
     max_response_chars,
     parse_prompt,
 )
-from eddyrl.envs import tool_task
+from eddyrl.tasks import tool_task
 from eddyrl.tasks.evaluate import chat_prompt, evaluate
 
 IGNORE_INDEX = -100  # label value that cross_entropy skips: prompt and padding positions

@@ -63,9 +63,6 @@ def test_bad_values_and_keys_are_named(overrides, message):
     pytest.param(["cluster.placement=colocated", "algorithm.max_staleness=1"],
                  "contradictory settings: cluster.placement = colocated with "
                  "algorithm.max_staleness = 1", id="colocated-async"),
-    pytest.param(["adaptive.enabled=true"],
-                 "contradictory settings: adaptive.enabled = True needs elastic.enabled = True",
-                 id="adaptive-without-elastic"),
     pytest.param(["data.train_path=/data/train.jsonl"],
                  "contradictory settings: data.train_path and data.eval_path must be given "
                  "together", id="train-without-eval"),

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from eddyrl.core.episodes import Episodes
-from eddyrl.engines.inference.base import GenerationResult
+from eddyrl.protocol import GenerationResult
 from eddyrl.envs import Environment, EpisodeLimits, Reply
 from eddyrl.envs.config import EnvConfig
 from eddyrl.envs.loading import EnvironmentFactory

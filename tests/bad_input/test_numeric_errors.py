@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from eddyrl.core.batch import TrainBatch
+from eddyrl.protocol import TrainBatch
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.engines.registry import load_engine_class
 from eddyrl.hal import get_platform

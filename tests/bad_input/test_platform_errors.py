@@ -60,7 +60,7 @@ def test_unknown_engine_names_the_key_and_the_choices():
 
 def test_engine_whose_package_is_not_installed_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as if not installed
-    for module in ("eddyrl.engines.inference.vllm", "eddyrl.engines.inference.vllm_api"):
+    for module in ("eddyrl.engines.inference.vllm.engine", "eddyrl.engines.inference.vllm.api"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(ConfigError) as error:
         load_engine_class("rollout", "vllm")

@@ -102,20 +102,21 @@ def test_cli_errors_are_one_line_without_traceback(capsys):
 
 
 def test_shipped_configs_load():
-    from pathlib import Path
+    from eddyrl.config import bundled_root
 
-    configs = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
-    assert configs, "configs/ holds no YAML file"
+    configs = sorted(bundled_root().rglob("*.yaml"))
+    assert configs, "eddyrl/configs/ holds no YAML file"
     for path in configs:
         if path.parent.name != "recipes":  # they name model files: test_recipes.py loads them
             load_config(path)
 
 
 def test_tiny_cpu_yaml_spells_out_the_defaults():
-    """`eddy train` with no argument and configs/tiny_cpu.yaml must be the same run."""
-    from pathlib import Path
+    """`eddy train` with no argument and `eddy train tiny_cpu` (eddyrl/configs/tiny_cpu.yaml)
+    must be the same run."""
+    from eddyrl.config import bundled
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    path = bundled("tiny_cpu")
     assert load_config(path) == load_config(overrides=["platform=cpu"])
 
 

@@ -1,16 +1,17 @@
-"""configs/recipes/: every recipe loads and validates with a stand-in model directory (loading
-checks that model.path is one), keeps DAPO's settings, and reads the DAPO-Math sample data."""
+"""eddyrl/configs/recipes/: every recipe loads and validates with a stand-in model directory
+(loading checks that model.path is one), keeps DAPO's settings, and reads the DAPO-Math sample
+data."""
 
 from pathlib import Path
 
 import pytest
 
-from eddyrl.config import load_config
+from eddyrl.config import bundled_root, load_config
 from eddyrl.errors import ConfigError
 from eddyrl.tasks.prompts import load_splits
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))
+RECIPES = sorted((bundled_root() / "recipes").glob("*.yaml"))
 SAMPLE = ROOT / "tests" / "data" / "dapo_math_sample.jsonl"
 
 

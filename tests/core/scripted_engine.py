@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from eddyrl.engines.inference.base import EngineStats, GenerationResult
+from eddyrl.protocol import EngineStats, GenerationResult
 
 STOP = 2
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from eddyrl.core.batching import balanced_partition, build_train_batch, split_for_ranks
-from eddyrl.core.trajectory import Group, Trajectory
-from eddyrl.engines.inference.base import GenerationResult
+from eddyrl.protocol import GenerationResult, Group, Trajectory
 
 
 def _group(gid, prompt_ids, responses, rewards, version=2):

@@ -9,11 +9,12 @@ import torch
 from transformers import AutoTokenizer
 
 from eddyrl.core.config import AlgorithmConfig, LoopConfig
-from eddyrl.core.controller import Controller, LoopSettings
+from eddyrl.build import build_controller
+from eddyrl.core.controller import LoopSettings
 from eddyrl.core.ledger import State
 from eddyrl.core.replay import ReplayConfig
 from eddyrl.core.rewarding import SafeReward
-from eddyrl.engines.inference.base import SamplingParams
+from eddyrl.protocol import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.hal import get_platform
 from eddyrl.runtime.inprocess import InProcessRuntime
@@ -28,7 +29,7 @@ class RecordingRuntime(InProcessRuntime):
         super().__init__(engine)
         self.batches, self.synced = [], []
 
-    async def train(self, batch):
+    async def train(self, batch, replicas=()):
         self.batches.append(batch)
         return {"loss": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": float(batch.num_tokens())}
 
@@ -59,7 +60,7 @@ def _controller(setup, reward_fn, *, dynamic=False, steps=2, replay=None):
         algorithm=AlgorithmConfig(dynamic_sampling=dynamic, max_refill_rounds=2),
         sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
         n_samples=4, seed=0, pad_id=tokenizer.pad_token_id)
-    return Controller(runtime, settings, prompts, prompts,
+    return build_controller(settings, runtime, prompts, prompts,
                       decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                       reward=SafeReward(reward_fn))
 
@@ -174,7 +175,7 @@ def test_bounded_staleness_keeps_c1_c2_c3(setup, tiny_model_dir, staleness):
         algorithm=AlgorithmConfig(max_staleness=staleness, dynamic_sampling=False),
         sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id)
-    controller = Controller(runtime, settings, prompts, prompts,
+    controller = build_controller(settings, runtime, prompts, prompts,
                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                             reward=SafeReward(_alternating()))
     asyncio.run(controller.run())
@@ -217,13 +218,12 @@ class MigrationCountingRuntime(SyncingRuntime):
 def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tiny_model_dir,
                                                                         fill_legacy, routing):
     """DORA on two real engines: K = 3, long and uneven generations, so legacy-version
-    requests outlive train steps; the orchestrator migrates them (abort, resume on a worker
+    requests outlive train steps; the assignment migrates them (abort, resume on a worker
     hosting the same version) and may fill legacy slots; with Libra's bucket router on, the
     workers are a short and a long bucket and requests also move between them at length
     milestones. Every trained trajectory still has one version (C1, resumed ones included),
     every group is whole (C2), no lag exceeds K (C3), and the ledger shows each prompt trained
     once as fresh."""
-    from eddyrl.engines.config import RolloutConfig
     from eddyrl.scheduler.buckets import BucketSpec, RoutingConfig
 
     tokenizer, prompts, _ = setup
@@ -234,11 +234,11 @@ def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tin
         algorithm=AlgorithmConfig(max_staleness=3, dynamic_sampling=False),
         sampling=SamplingParams(max_new_tokens=48),  # no stop token: lengths vary by prompt
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id,
-        rollout=RolloutConfig(max_batch_size=64, migrate=True, fill_legacy=fill_legacy),
+        max_batch_size=64, migrate=True, fill_legacy=fill_legacy,
         routing=RoutingConfig(policy=routing, milestones=[8, 16, 32], min_observations=2,
                               rebuild_every=2, buckets=[BucketSpec("short", 24),
                                                         BucketSpec("long", 48)]))
-    controller = Controller(runtime, settings, prompts, prompts,
+    controller = build_controller(settings, runtime, prompts, prompts,
                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                             reward=SafeReward(_alternating()))
     summary = asyncio.run(controller.run())
@@ -277,8 +277,8 @@ def test_k0_equals_a_hand_written_synchronous_grpo_loop(setup, tiny_model_dir):
     does: for each step, generate the next prompts' groups on the current weights in one call,
     score them, build the batch. Same seeds, same per-version weights: identical batches."""
     from eddyrl.core.batching import build_train_batch
-    from eddyrl.core.trajectory import Group, Trajectory
-    from eddyrl.engines.inference.base import GenerationRequest
+    from eddyrl.protocol import Group, Trajectory
+    from eddyrl.protocol import GenerationRequest
 
     tokenizer, prompts, _ = setup
     steps, b, n = 3, 3, 4
@@ -294,7 +294,7 @@ def test_k0_equals_a_hand_written_synchronous_grpo_loop(setup, tiny_model_dir):
                             sampling=sampling, n_samples=n, seed=0,
                             pad_id=tokenizer.pad_token_id)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    controller = Controller(runtime, settings, prompts, prompts, decode=decode,
+    controller = build_controller(settings, runtime, prompts, prompts, decode=decode,
                             reward=SafeReward(reward))
     asyncio.run(controller.run())
 

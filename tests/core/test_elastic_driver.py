@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from eddyrl.config import load_config
-from eddyrl.core.elastic_driver import build_pool, parse_schedule
+from eddyrl.core.adaptive_driver import AdaptiveDriver
+from eddyrl.core.elastic_driver import NoElastic, build_pool, parse_schedule
 from eddyrl.errors import ConfigError
 from eddyrl.scheduler.elastic import ElasticConfig, State
 
@@ -26,7 +27,6 @@ def test_pool_ids_put_trainer_ranks_after_rollout_workers_as_the_fixed_core():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["adaptive.enabled=true"], "adaptive.enabled = True needs elastic.enabled"),
     (["elastic.enabled=true"], "no rollout worker could ever be lent"),
     (["elastic.enabled=true", "rollout.num_workers=2", "train.mini_batches=2"],
      "train.mini_batches = 1"),
@@ -65,7 +65,7 @@ class FakeRuntime:
         return 7  # the version its woken engine now hosts
 
     async def worker_stats(self):
-        from eddyrl.engines.inference.base import EngineStats
+        from eddyrl.protocol import EngineStats
 
         return [EngineStats(0, 0, 0, 0, 0.0) for _ in self.workers]
 
@@ -75,16 +75,16 @@ class FakeRuntime:
 
 
 def _driver(runtime, schedule):
-    from eddyrl.core.elastic_driver import ElasticDriver
+    from eddyrl.core.elastic_driver import ElasticDriver  # noqa: F811
     from eddyrl.core.ledger import Ledger
-    from eddyrl.core.orchestrator import VersionOrchestrator
+    from eddyrl.core.version_assignment import VersionAssignment
     from eddyrl.core.rewarding import SafeReward
     from eddyrl.core.rollout import StreamingRollout
     from eddyrl.core.version_window import VersionWindow
 
     rollout = StreamingRollout(runtime, VersionWindow(max_staleness=1, batch_groups=1,
                                                       max_concurrent=4),
-                               VersionOrchestrator(2, 8), Ledger(),
+                               VersionAssignment(2, 8), Ledger(),
                                SafeReward(lambda r, a: 0.0), decode=str)
     pool = build_pool(2, 1, ElasticConfig(enabled=True))
     return ElasticDriver(runtime, rollout, pool, schedule=parse_schedule(schedule, 2))
@@ -97,7 +97,7 @@ async def _boundaries(driver, runtime, steps):
         await driver.boundary(step, step, {})
         await asyncio.sleep(0.01)  # a step: background moves run meanwhile
         seen.append((step, driver.pool.state(1).value, driver.replicas(),
-                     driver.rollout.orchestrator.available[1]))
+                     driver.rollout.assignment.available[1]))
     return seen
 
 
@@ -113,7 +113,7 @@ def test_driver_walks_the_join_and_leave_protocol_off_the_critical_path():
     # gradients count from the step after activation until the leave detaches it
     assert [replicas for _, _, replicas, _ in seen] == [[], [1], [1], [1], [1], [], []]
     assert [available for *_, available in seen] == [False] * 6 + [True]
-    assert driver.rollout.orchestrator.hosted[1] == 7  # what the woken engine reported
+    assert driver.rollout.assignment.hosted[1] == 7  # what the woken engine reported
     assert runtime.calls == [("join", 1), ("leave", 1)]
 
 
@@ -150,7 +150,7 @@ class PlanRuntime(FakeRuntime):
         return 0.0
 
     async def worker_stats(self):
-        from eddyrl.engines.inference.base import EngineStats
+        from eddyrl.protocol import EngineStats
 
         self.busy += 1.0  # each worker busy 1 s per step
         return [EngineStats(0, 0, 0, 0, self.busy) for _ in self.workers]
@@ -172,7 +172,9 @@ def test_an_adaptive_plan_change_is_applied_to_every_worker_and_its_cost_recorde
 
     config = AdaptiveConfig(enabled=True, window=2, cooldown_steps=3, concurrency_choices=[64],
                             reconfiguration_cost_s=0.0, switch_partial_rollout=True)
-    driver.adaptive = AdaptiveScheduler(config, current, predict)
+    driver.adaptive = AdaptiveDriver(runtime, driver.rollout,
+                                     AdaptiveScheduler(config, current, predict),
+                                     events=driver.events)
     metrics = {"train_s": 1.0, "staleness_mean": 0.0}
 
     async def run():
@@ -183,7 +185,7 @@ def test_an_adaptive_plan_change_is_applied_to_every_worker_and_its_cost_recorde
     plans = [e["plan"] for e in driver.events if "plan" in e]
     assert plans == [{"concurrency": 64, "partial_rollout": True}]  # once: then cooldown
     assert runtime.configured == [(64, True)] and driver.rollout.partial_rollout is True
-    assert driver.adaptive.reconfiguration_cost_s == 0.0  # measured (this runtime's clock)
+    assert driver.adaptive.scheduler.reconfiguration_cost_s == 0.0  # measured (this runtime's clock)
 
 
 def test_a_plan_with_a_bucket_layout_reassigns_the_router_and_sees_per_bucket_loads():
@@ -206,14 +208,17 @@ def test_a_plan_with_a_bucket_layout_reassigns_the_router_and_sees_per_bucket_lo
 
     config = AdaptiveConfig(enabled=True, window=2, cooldown_steps=3, concurrency_choices=[64],
                             reconfiguration_cost_s=0.0)
-    driver.adaptive = AdaptiveScheduler(config, GenerationPlan(64, False, (2, 1)), predict)
+    # plans need no elastic pool: the adaptive driver alone, behind the pool's null object
+    adaptive = AdaptiveDriver(runtime, driver.rollout,
+                              AdaptiveScheduler(config, GenerationPlan(64, False, (2, 1)), predict))
     driver.rollout._bucket_lengths = {"long": [40, 60]}  # finished there during the step
-    assert driver._bucket_loads()[1].requests == 2 and driver._bucket_loads()[1].requests == 0
+    assert adaptive._bucket_loads()[1].requests == 2 and adaptive._bucket_loads()[1].requests == 0
 
     async def run():
         for step in range(1, 4):
-            await driver.boundary(step, step, {"train_s": 1.0, "staleness_mean": 0.0})
+            await NoElastic(adaptive).boundary(step, step, {"train_s": 1.0,
+                                                            "staleness_mean": 0.0})
 
     asyncio.run(run())
     assert driver.rollout.router.layout == (1, 2)
-    assert [e["plan"]["layout"] for e in driver.events if "plan" in e] == [[1, 2]]
+    assert [e["plan"]["layout"] for e in adaptive.events if "plan" in e] == [[1, 2]]

@@ -1,11 +1,11 @@
 """Multi-turn episodes across weight updates, deterministically: scripted engines with the
 `hf` engine's version contract (tests/core/scripted_engine.py), scripted environments that
-answer when the test opens their gate, and the real rollout, orchestrator and window.
+answer when the test opens their gate, and the real rollout, assignment and window.
 
 Without partial rollout an episode's turns all come from one version (C1). When the worker an
 episode ran on takes new weights while the episode waits for its tool, the next turn goes to
 a worker that still hosts the version, with the turns so far; only when none does, the
-episode starts over on the latest version, counted with why. The orchestrator keeps new-version
+episode starts over on the latest version, counted with why. The assignment keeps new-version
 work off a worker whose weights an episode between turns waits for. With partial rollout the
 next turn runs on the new weights, each token recording its version.
 """
@@ -16,12 +16,11 @@ from scripted_engine import STOP, ScriptedEngine, until
 
 from eddyrl.core.episodes import Episodes
 from eddyrl.core.ledger import Ledger
-from eddyrl.core.orchestrator import VersionOrchestrator
+from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.core.rollout import StreamingRollout
-from eddyrl.core.trajectory import Group
+from eddyrl.protocol import Group, SamplingParams
 from eddyrl.core.version_window import VersionWindow
-from eddyrl.engines.inference.base import SamplingParams
 from eddyrl.envs import Environment, EpisodeLimits, Reply
 from eddyrl.envs.loading import EnvironmentFactory
 from eddyrl.runtime.inprocess import InProcessRuntime
@@ -60,7 +59,7 @@ def _rollout(engines, scripts, gates, *, partial=False, slots=64, batch=2):
     decode = lambda ids: "x" * len(ids)  # noqa: E731
     window = VersionWindow(max_staleness=1, batch_groups=batch, max_concurrent=8)
     return StreamingRollout(InProcessRuntime(engines), window,
-                            VersionOrchestrator(len(engines), slots), Ledger(),
+                            VersionAssignment(len(engines), slots), Ledger(),
                             SafeReward(lambda text, answer: 0.0), decode,
                             partial_rollout=partial, episodes=Episodes(factory, decode))
 
@@ -107,8 +106,8 @@ def test_an_episode_whose_worker_took_new_weights_goes_on_where_its_version_is_h
     assert ("a-0", 0) in engines[1].started
     assert (rollout.restarted, rollout.migrated) == (0, 1)
     assert rollout.episodes.stats.metrics()["env/restarted_episodes"] == 0
-    assert rollout.orchestrator.pending == [{}, {}]
-    assert rollout.orchestrator.between_turns == [{}, {}]
+    assert rollout.assignment.pending == [{}, {}]
+    assert rollout.assignment.between_turns == [{}, {}]
 
 
 def test_an_episode_restarts_only_when_no_worker_hosts_its_version_and_is_counted():
@@ -132,7 +131,7 @@ def test_an_episode_restarts_only_when_no_worker_hosts_its_version_and_is_counte
     assert metrics["env/restarted_episodes"] == 1
     assert metrics["env/restarted_by/version_retired"] == 1
     assert rollout.episodes.factory.kwargs["closed"] == ["a", "a"]  # old and new env closed
-    assert rollout.orchestrator.pending == [{}] and rollout.orchestrator.between_turns == [{}]
+    assert rollout.assignment.pending == [{}] and rollout.assignment.between_turns == [{}]
 
 
 def test_a_sync_holds_an_idle_workers_version_for_its_episode_between_turns():
@@ -170,7 +169,7 @@ def test_new_version_work_keeps_off_a_worker_whose_episode_waits_for_its_version
     """Worker 0 runs b and hosts a, between turns, both on version 0; worker 1 took version 1
     and has four version-1 requests queued. A new request c would go to worker 0 by queue
     length (2 + a batch of 1 < 4), which would make it switch as soon as b ends and throw a
-    away; the orchestrator sends it to worker 1, and a's next turn still finds version 0."""
+    away; the assignment sends it to worker 1, and a's next turn still finds version 0."""
     async def scenario():
         engines = [ScriptedEngine(10), ScriptedEngine(11)]
         gates = {"a": asyncio.Event()}

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from eddyrl.core.batch import TrainBatch
+from eddyrl.protocol import TrainBatch
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.errors import ConfigError
 

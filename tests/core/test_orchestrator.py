@@ -1,11 +1,11 @@
-"""DORA's orchestrator: proportional worker shares, consolidation of legacy versions by
+"""DORA's assignment: proportional worker shares, consolidation of legacy versions by
 migration, routing of new requests, opportunistic legacy fill, and C1 refusals."""
 
 import random
 
 import pytest
 
-from eddyrl.core.orchestrator import Migration, VersionOrchestrator
+from eddyrl.core.version_assignment import Migration, VersionAssignment
 
 
 def _after_step(orch, version, hosted):
@@ -14,7 +14,7 @@ def _after_step(orch, version, hosted):
 
 
 def test_all_workers_on_one_version_without_legacy_work():
-    orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+    orch = VersionAssignment(num_workers=4, slots_per_worker=64)
     assert orch.targets(new_requests=32) == {0: 4}
     assert orch.plan(32) == []
     picks = []
@@ -26,7 +26,7 @@ def test_all_workers_on_one_version_without_legacy_work():
 
 
 def test_targets_are_proportional_to_pending_requests_with_one_each_at_least():
-    orch = VersionOrchestrator(num_workers=8, slots_per_worker=64)
+    orch = VersionAssignment(num_workers=8, slots_per_worker=64)
     for w in range(8):
         orch.dispatched(w, 0, 10)
     orch.published(1, [0] * 8)  # every worker still busy with version 0
@@ -39,7 +39,7 @@ def test_targets_are_proportional_to_pending_requests_with_one_each_at_least():
 
 
 def test_plan_consolidates_a_legacy_tail_onto_its_busiest_hosts():
-    orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+    orch = VersionAssignment(num_workers=4, slots_per_worker=64)
     for worker, count in enumerate([1, 5, 2, 1]):
         orch.dispatched(worker, 0, count)
     orch.published(1, [0, 0, 0, 0])
@@ -60,7 +60,7 @@ def test_plan_consolidates_a_legacy_tail_onto_its_busiest_hosts():
 
 
 def test_a_busy_worker_switches_only_after_its_legacy_requests_finish():
-    orch = VersionOrchestrator(num_workers=1, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=1, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.published(1, [0])
     orch.dispatched(0, 1, 4)  # queued behind the running version-0 requests
@@ -70,7 +70,7 @@ def test_a_busy_worker_switches_only_after_its_legacy_requests_finish():
 
 
 def test_requests_queued_for_a_superseded_version_run_on_the_newest():
-    orch = VersionOrchestrator(num_workers=1, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=1, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.published(1, [0])
     orch.dispatched(0, 1, 3)  # waiting for version 0 to drain
@@ -79,7 +79,7 @@ def test_requests_queued_for_a_superseded_version_run_on_the_newest():
 
 
 def test_c1_refusals_name_the_worker_and_versions():
-    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0)
     orch.published(2, [0, 2])
     with pytest.raises(ValueError, match="worker 1 hosts version 2.*cannot generate version 0"):
@@ -93,7 +93,7 @@ def test_c1_refusals_name_the_worker_and_versions():
 
 
 def test_legacy_room_lists_busy_legacy_hosts_with_free_slots():
-    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 3)
     orch.dispatched(1, 0, 8)
     orch.published(1, [0, 0, 1])
@@ -109,7 +109,7 @@ def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
     requests has a host."""
     rng = random.Random(seed)
     n = 4
-    orch = VersionOrchestrator(num_workers=n, slots_per_worker=16)
+    orch = VersionAssignment(num_workers=n, slots_per_worker=16)
     running: list[tuple[int, int]] = []  # (worker, version) per request
     for _ in range(3000):
         action = rng.random()
@@ -140,7 +140,7 @@ def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
 
 
 def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
-    orch = VersionOrchestrator(num_workers=3, slots_per_worker=64)
+    orch = VersionAssignment(num_workers=3, slots_per_worker=64)
     orch.dispatched(0, 0, 4)
     orch.dispatched(1, 0, 2)
     orch.dispatched(2, 0, 3)
@@ -168,7 +168,7 @@ def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
 
 
 def test_can_run_now_and_eligible_follow_c1_and_the_pool():
-    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 2)  # worker 0 busy with version 0
     orch.published(1, [0, 1, 1])
     assert [orch.can_run_now(w, 0) for w in range(3)] == [True, False, False]
@@ -186,7 +186,7 @@ def test_can_run_now_and_eligible_follow_c1_and_the_pool():
 
 
 def test_a_move_to_an_idle_worker_switches_it_to_the_latest_version():
-    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
     orch.published(1, [1, 0])  # worker 1 idle with old weights staged-over: switches on use
     orch.dispatched(0, 1, 1)
     orch.moved(0, 1, 1)
@@ -194,7 +194,7 @@ def test_a_move_to_an_idle_worker_switches_it_to_the_latest_version():
 
 
 def test_partial_rollout_counts_running_work_as_the_latest_version():
-    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0, 3)
     orch.published(1, [1, 1])  # partial rollout: every engine applied version 1 at once
     orch.adopt_latest()
@@ -208,7 +208,7 @@ def test_evacuated_requests_are_spread_over_the_keepers_not_dumped_on_one():
     """Three evacuated workers' requests go to the keepers least loaded first, counting the
     moves already planned: without that every source picked the same least-loaded keeper
     (seen in the simulator: one worker left with thousands of queued requests)."""
-    orch = VersionOrchestrator(num_workers=6, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=6, slots_per_worker=8)
     for worker, count in enumerate([30, 30, 10, 10, 10, 0]):
         orch.dispatched(worker, 0, count)
     orch.published(1, [0, 0, 0, 0, 0, 1])
@@ -225,16 +225,16 @@ def test_a_legacy_version_keeps_the_workers_its_kv_caches_fill():
     """By request count version 0 (12 requests vs 100 new) would shrink to one worker; its
     caches are 60% full on three workers, so consolidating would overflow the keeper: it keeps
     ceil(1.8 / KV_FILL) = 3 workers and nothing moves. With light caches it consolidates."""
-    def orchestrator(kv):
-        orch = VersionOrchestrator(num_workers=4, slots_per_worker=64)
+    def assignment(kv):
+        orch = VersionAssignment(num_workers=4, slots_per_worker=64)
         for worker, count in ((0, 10), (1, 1), (2, 1)):
             orch.dispatched(worker, 0, count)
         orch.published(1, [0, 0, 0, 1])
         orch.observed_kv(kv)
         return orch
 
-    assert orchestrator([0.6, 0.6, 0.6, 0.0]).plan(new_requests=100) == []
-    light = orchestrator([0.1, 0.05, 0.05, 0.0])
+    assert assignment([0.6, 0.6, 0.6, 0.0]).plan(new_requests=100) == []
+    light = assignment([0.1, 0.05, 0.05, 0.0])
     assert light.targets(100)[0] == 1
     assert sorted((m.source, m.target) for m in light.plan(new_requests=100)) == [(1, 0), (2, 0)]
     with pytest.raises(ValueError, match="4 KV usages"):
@@ -245,7 +245,7 @@ def test_new_prompts_do_not_pile_onto_the_only_worker_hosting_the_new_version():
     """Worker 1 switched to version 1; workers 0 and 2 still drain short version-0 tails. The
     new version's requests go to worker 1 until its queue is a batch (8) longer than a
     draining worker's, then spread over all three (before: all 40 went to worker 1)."""
-    orch = VersionOrchestrator(num_workers=3, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.dispatched(2, 0, 2)
     orch.published(1, [0, 1, 0])
@@ -262,7 +262,7 @@ def test_episodes_between_turns_are_live_work_that_keeps_their_worker_on_its_ver
     version 1 and is loaded. New-version requests keep off worker 0 (it would switch as soon as
     its running request ends, and the episode would have to start over) unless no other
     worker is available; then the book switches with the engine and the episode is stranded."""
-    orch = VersionOrchestrator(num_workers=2, slots_per_worker=1)
+    orch = VersionAssignment(num_workers=2, slots_per_worker=1)
     orch.dispatched(0, 0, 2)
     orch.paused(0, 0)  # its environment works: the engine does not see it
     orch.published(1, [0, 1])
@@ -285,7 +285,7 @@ def test_episodes_stranded_by_a_switch_move_to_a_worker_that_still_hosts_their_v
     """Worker 0 was idle when version 1 arrived (its episode waited for a tool) and applied it;
     worker 1 still hosts version 0 with nothing of it running. The plan sends the episode
     there, between turns (no abort), and from then on worker 1 is kept for it."""
-    orch = VersionOrchestrator(num_workers=2, slots_per_worker=8)
+    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0)
     orch.paused(0, 0)
     orch.dispatched(1, 0)

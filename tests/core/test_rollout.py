@@ -9,12 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eddyrl.core.ledger import Ledger, State
-from eddyrl.core.orchestrator import VersionOrchestrator
+from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.core.rollout import StreamingRollout
-from eddyrl.core.trajectory import Group
+from eddyrl.protocol import Group, SamplingParams
 from eddyrl.core.version_window import VersionWindow
-from eddyrl.engines.inference.base import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.hal import get_platform
 from eddyrl.runtime.inprocess import InProcessRuntime
@@ -30,7 +29,7 @@ def two_workers(tiny_model_dir):
 def _rollout(runtime, k=2, batch=1):
     ledger = Ledger()
     window = VersionWindow(max_staleness=k, batch_groups=batch, max_concurrent=8)
-    rollout = StreamingRollout(runtime, window, VersionOrchestrator(2, 64), ledger,
+    rollout = StreamingRollout(runtime, window, VersionAssignment(2, 64), ledger,
                                SafeReward(lambda response, answer: float(len(response) % 2)),
                                decode=lambda ids: "x" * len(ids))
     return rollout, ledger, window
@@ -64,10 +63,10 @@ def test_migration_consolidates_a_legacy_version_without_mixing_versions(two_wor
         while runtime.workers[0].stats().tokens_generated < 30:
             await asyncio.sleep(0.005)
         await _publish(runtime, rollout, base, 1)
-        assert rollout.orchestrator.hosted == [0, 0]  # both busy: version 1 only staged
+        assert rollout.assignment.hosted == [0, 0]  # both busy: version 1 only staged
         moving = await rollout.rebalance(new_requests=100)
         assert moving == 2  # worker 1 (fewer version-0 requests) is evacuated into worker 0
-        assert rollout.orchestrator.pending[0][0] == 5
+        assert rollout.assignment.pending[0][0] == 5
         first = await rollout.next_batch()
         second = await rollout.next_batch()
         return first + second
@@ -114,7 +113,7 @@ def test_a_request_refused_for_a_vanished_version_is_regenerated_on_the_latest(t
     async def scenario():
         await _publish(runtime, rollout, base, 1)  # both idle: both apply version 1 at once
         # the book believes worker 1 still hosts version 0 (as if its news were late)
-        rollout.orchestrator.hosted[1] = 0
+        rollout.assignment.hosted[1] = 0
         group = _groups(ledger, ["late"])[0]
         # a legacy-version group (the window still admits version 0: its deadline is ahead)
         rollout.dispatch([group], 2, SamplingParams(max_new_tokens=6), version=0, worker=1)
@@ -164,7 +163,7 @@ def test_the_bucket_router_moves_long_requests_to_the_long_bucket_mid_generation
     assert generated[0] < 3 * 10 and generated[1] >= 3 * 30
     stats = rollout.router.stats()
     assert stats.moves == 3 and stats.connections == {"short": 0, "long": 0}
-    assert rollout.orchestrator.pending == [{}, {}]
+    assert rollout.assignment.pending == [{}, {}]
     assert ledger.state("a") == State.COLLECTED
 
 
@@ -176,7 +175,7 @@ def test_a_routed_move_waits_for_an_allowed_target(two_workers):
     runtime, _ = two_workers
     rollout, ledger = _routed_rollout(runtime)
     rollout.router.trees.observe("p", [Milestone(0)], [40, 36])
-    rollout.orchestrator.set_available(1, False)
+    rollout.assignment.set_available(1, False)
 
     async def scenario():
         rollout.dispatch(_groups(ledger, ["a"]), 2, SamplingParams(max_new_tokens=12))

@@ -18,15 +18,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eddyrl.core.batching import build_train_batch
 from eddyrl.core.config import AlgorithmConfig, LoopConfig
-from eddyrl.core.controller import Controller, LoopSettings
+from eddyrl.build import build_controller
+from eddyrl.core.controller import LoopSettings
 from eddyrl.core.episodes import Episodes
 from eddyrl.core.ledger import Ledger, State
-from eddyrl.core.orchestrator import VersionOrchestrator
+from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.core.rollout import StreamingRollout
-from eddyrl.core.trajectory import Group
+from eddyrl.protocol import Group, SamplingParams
 from eddyrl.core.version_window import VersionWindow
-from eddyrl.engines.inference.base import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.envs import Environment, EpisodeLimits, Reply
 from eddyrl.envs.loading import EnvironmentFactory
@@ -90,7 +90,7 @@ def _rollout(runtime, tokenizer, factory, *, k=0, partial=False):
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     ledger = Ledger()
     window = VersionWindow(max_staleness=k, batch_groups=1, max_concurrent=8)
-    rollout = StreamingRollout(runtime, window, VersionOrchestrator(len(runtime.workers), 64),
+    rollout = StreamingRollout(runtime, window, VersionAssignment(len(runtime.workers), 64),
                                ledger, SafeReward(lambda text, answer: 0.5), decode,
                                partial_rollout=partial, episodes=Episodes(factory, decode))
     return rollout, ledger
@@ -164,7 +164,7 @@ def test_episode_rows_are_prompt_turns_and_observations_with_the_engines_logprob
     assert (stats["env/turns"], stats["env/episodes"], stats["env/calls/calc/success"]) == \
         (12, 4, 8)
     assert Scripted.closed == 4  # every environment closed once
-    assert rollout.orchestrator.pending == [{}] and ledger.state("a") == State.COLLECTED
+    assert rollout.assignment.pending == [{}] and ledger.state("a") == State.COLLECTED
     assert runtime.workers[0].stats().running == 0
 
 
@@ -227,7 +227,7 @@ def test_an_episode_whose_version_is_gone_restarts_in_a_fresh_environment(tiny_m
     for t in group.trajectories:
         _check_row(t.result, tokenizer, observations=1)
         assert set(t.result.versions) == {1}  # C1: the whole episode on one version
-    assert Scripted.closed == 4 and rollout.orchestrator.pending == [{}]
+    assert Scripted.closed == 4 and rollout.assignment.pending == [{}]
 
 
 @pytest.mark.parametrize("script, limits, ended_by, observations, reward", [
@@ -287,7 +287,7 @@ def test_a_migration_in_the_middle_of_an_episode_keeps_its_transcript(tiny_model
     for t in finished:
         _check_row(t.result, tokenizer, observations=3)
     assert _max_logprob_error(tiny_model_dir, [group], tokenizer.pad_token_id) < 1e-4
-    assert rollout.orchestrator.pending == [{}, {}] and ledger.state("a") == State.COLLECTED
+    assert rollout.assignment.pending == [{}, {}] and ledger.state("a") == State.COLLECTED
 
 
 class LateAborts(InProcessRuntime):
@@ -335,7 +335,7 @@ def test_moves_between_turns_and_a_late_abort_keep_the_episode(tiny_model_dir, t
     _check_row(t.result, tokenizer, observations=1)
     assert t.reward == 1.0 and rollout.migrated == 1
     assert runtime.workers[1].stats().tokens_generated == 0  # both turns ran on worker 0
-    assert rollout.orchestrator.pending == [{}, {}] and not rollout._stale_aborts
+    assert rollout.assignment.pending == [{}, {}] and not rollout._stale_aborts
 
 
 def test_tool_returns_reach_the_bucket_router(tiny_model_dir, tokenizer):
@@ -374,7 +374,7 @@ class RecordingRuntime(InProcessRuntime):
         super().__init__(engine)
         self.batches = []
 
-    async def train(self, batch):
+    async def train(self, batch, replicas=()):
         self.batches.append(batch)
         return {"loss": 0.0}
 
@@ -403,7 +403,7 @@ def test_environment_errors_are_counted_and_the_run_trains_every_prompt_once(tin
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id,
         env=EnvironmentFactory(_broken, "broken", dict(tokenizer=tokenizer,
                                                         limits=EpisodeLimits())))
-    controller = Controller(runtime, settings, prompts, prompts,
+    controller = build_controller(settings, runtime, prompts, prompts,
                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                             reward=SafeReward(lambda text, answer: 0.0))
     summary = asyncio.run(controller.run())

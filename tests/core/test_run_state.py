@@ -8,9 +8,8 @@ import pytest
 from eddyrl.core import run_state
 from eddyrl.core.ledger import Ledger, LedgerError, State
 from eddyrl.core.replay import ReplayBuffer, ReplayConfig
-from eddyrl.core.trajectory import Group, Trajectory
+from eddyrl.protocol import GenerationResult, Group, Trajectory
 from eddyrl.core.version_window import VersionWindow, VersionWindowError
-from eddyrl.engines.inference.base import GenerationResult
 from eddyrl.errors import ConfigError
 from eddyrl.tasks.prompts import Prompt, PromptQueue, PromptSet
 

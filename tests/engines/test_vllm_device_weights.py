@@ -22,10 +22,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eddyrl.engines.inference import vllm_weights
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.vllm_transfer import WorkerExtension, plain_spec
-from eddyrl.engines.inference.vllm_weights import pack, reload_strategy
+from eddyrl.engines.inference.vllm import weights as vllm_weights
+from eddyrl.protocol import GenerationRequest, SamplingParams
+from eddyrl.engines.inference.vllm.transfer import WorkerExtension, plain_spec
+from eddyrl.engines.inference.vllm.weights import pack, reload_strategy
 from eddyrl.hal import BucketSpec, get_platform, known_platforms
 from eddyrl.hal.weight_channel import CollectiveChannel
 from eddyrl.runtime.workers import weight_group_layout
@@ -337,7 +337,7 @@ def test_weights_reach_vllm_device_to_device(platform_name, tiny_model_dir, tmp_
     """The trainer's end (this process, device 0) broadcasts over NCCL / HCCL into the vLLM
     worker (device 1); the outputs equal those after the same weights came through host
     memory, and a busy engine keeps its version with the received one staged."""
-    from eddyrl.engines.inference.vllm import VLLMInferenceEngine
+    from eddyrl.engines.inference.vllm.engine import VLLMInferenceEngine
 
     platform = get_platform(platform_name)
     with monkeypatch.context() as env:  # the engine-core process sees device 1 only

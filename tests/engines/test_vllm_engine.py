@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.vllm_weights import pack, unpack
+from eddyrl.protocol import GenerationRequest, SamplingParams
+from eddyrl.engines.inference.vllm.weights import pack, unpack
 from eddyrl.errors import ConfigError
 from eddyrl.hal import get_platform
 
@@ -88,7 +88,7 @@ def test_stats_show_the_kv_cache_in_use_while_generating(vllm):
 
 @needs_vllm
 def test_engine_args_leave_out_what_the_installed_vllm_lacks_but_not_what_is_required():
-    from eddyrl.engines.inference.vllm_api import VLLMApi
+    from eddyrl.engines.inference.vllm.api import VLLMApi
 
     api = VLLMApi.detect(get_platform("cpu"))
     older = VLLMApi(version="older", sleep_supported=False,

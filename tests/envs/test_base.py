@@ -6,7 +6,7 @@ import pytest
 
 from eddyrl.envs import Action, EnvStats, Environment, EpisodeLimits, Reply
 from eddyrl.errors import ConfigError
-from eddyrl.scheduler.prefix_tree import ToolState
+from eddyrl.protocol import ToolState
 
 
 class Scripted(Environment):

@@ -8,7 +8,7 @@ import pytest
 from eddyrl.envs import EnvStats, Environment, EpisodeLimits, Reply, Turn, run_episode
 from eddyrl.envs.calculator import TINY_SYNTAX, CalculatorEnv
 from eddyrl.envs.episode import OBSERVATION_LOGPROB, Transcript
-from eddyrl.envs.tool_task import demonstration
+from eddyrl.tasks.tool_task import demonstration
 
 
 class ScriptedPolicy:

@@ -8,7 +8,7 @@ import asyncio
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.protocol import GenerationRequest, SamplingParams
 from eddyrl.envs import Environment, Reply, Turn, run_episode
 from eddyrl.hal import get_platform
 

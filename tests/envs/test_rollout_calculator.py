@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eddyrl.config import load_config
 from eddyrl.core.batching import build_train_batch
-from eddyrl.core.controller import Controller
-from eddyrl.engines.inference.base import SamplingParams
+from eddyrl.build import build_controller
+from eddyrl.protocol import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.envs.calculator import TINY_SYNTAX, CalculatorEnv
-from eddyrl.envs.tool_task import demonstration
+from eddyrl.tasks.tool_task import demonstration
 from eddyrl.errors import ConfigError
 from eddyrl.hal import get_platform
 from eddyrl.launch import prepare
@@ -66,9 +66,9 @@ def test_prepare_builds_the_tool_task_with_calculator_episodes(tiny_model_dir, t
 
 
 def test_the_tool_task_config_file_validates():
-    from pathlib import Path
+    from eddyrl.config import bundled
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "tool_add_tiny.yaml"
+    path = bundled("tool_add_tiny")
     config = load_config(path)
     assert (config.data.task, config.env.name, config.env.options) == \
         ("tool_add", "calculator", {"syntax": "tiny"})
@@ -91,7 +91,7 @@ def test_calculator_episodes_on_a_tiny_model_that_knows_the_syntax(tool_model_di
     prompts = PromptSet.from_rows(ROWS, "rows", tokenizer, 64, "error")
     engine = HFInferenceEngine(tool_model_dir, get_platform("cpu"), seed=0)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    controller = Controller(InProcessRuntime(engine), settings, prompts, prompts, decode,
+    controller = build_controller(settings, InProcessRuntime(engine), prompts, prompts, decode,
                             reward)
     greedy = SamplingParams(max_new_tokens=40, temperature=0.0,
                             stop_token_ids=settings.sampling.stop_token_ids)

@@ -7,7 +7,7 @@ import pytest
 
 from eddyrl.envs import Action
 from eddyrl.envs.calculator import TINY_SYNTAX, CalculatorEnv
-from eddyrl.envs.tool_task import ToolTaskConfig, demonstration, generate_rows
+from eddyrl.tasks.tool_task import ToolTaskConfig, demonstration, generate_rows
 from eddyrl.models.tiny import MAX_POSITIONS
 from eddyrl.tasks.arith import parse_prompt
 from eddyrl.tasks.prompts import prompt_ids

@@ -8,7 +8,7 @@ import asyncio
 import torch
 
 from eddyrl.core.losses import make_policy_loss
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
+from eddyrl.protocol import GenerationRequest, SamplingParams
 from eddyrl.engines.registry import load_engine_class
 
 # Token ids of the tiny character vocabulary; lengths 5, 3, 8 and 2.

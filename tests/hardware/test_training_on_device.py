@@ -9,7 +9,7 @@ from fsdp_helpers import make_batch
 from transformers import AutoTokenizer
 
 from eddyrl.core.batching import build_train_batch
-from eddyrl.core.trajectory import Group, Trajectory
+from eddyrl.protocol import Group, Trajectory
 from eddyrl.engines.inference.hf import HFInferenceEngine
 
 pytestmark = pytest.mark.hardware

@@ -84,11 +84,11 @@ def test_a_resumed_run_continues_the_time_axis(tmp_path):
 def test_idle_ratio_from_a_simulator_trace_agrees_with_the_simulator(tmp_path):
     """The simulator writes the same trace format and counts idle time itself: `eddy report`'s
     reading of its trace gives the same rollout idle ratio."""
-    from eddyrl.config import load_config
+    from eddyrl.config import bundled, load_config
     from eddyrl.observability.report import idle_by_role
-    from eddyrl.runtime.sim import simulate
+    from eddyrl.sim.runtime import simulate
 
-    scenario = Path(__file__).resolve().parents[2] / "configs" / "sim" / "reflow_8.yaml"
+    scenario = bundled("sim/reflow_8")
     summary = simulate(load_config(scenario, ["loop.steps=4"]),
                        trace_path=str(tmp_path / "trace.json"))
     idle = idle_by_role(Trace.load(str(tmp_path / "trace.json")))

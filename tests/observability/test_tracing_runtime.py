@@ -10,6 +10,7 @@ from eddyrl.core.rewarding import SafeReward
 from eddyrl.observability.report import idle_by_role
 from eddyrl.observability.trace import Trace
 from eddyrl.observability.tracing import TracingRuntime
+from eddyrl.runtime.protocol import Recoverable
 
 ROLLOUT, TRAIN, DRIVER = Trace.ROLES["rollout"], Trace.ROLES["train"], Trace.ROLES["driver"]
 
@@ -31,7 +32,7 @@ class FakeRuntime:
             await asyncio.sleep(0)
             yield request
 
-    async def train(self, batch, replicas=None):
+    async def train(self, batch, replicas=()):
         self.t += 2.0
         return {"loss": 0.0, "replicas": replicas}
 
@@ -49,12 +50,17 @@ class FakeRuntime:
         self.t += 0.25
         return 3
 
+    async def replica_version(self, worker):
+        return 3
+
     async def worker_stats(self):
         self.stats_calls += 1
         return []
 
 
 class Replacing(FakeRuntime):
+    replacements = 0
+
     async def replace_worker(self, worker):
         self.t += 3.0
         return 7
@@ -69,7 +75,7 @@ def scenario(tracer: TracingRuntime, fake: FakeRuntime):
     async def run():
         async for _ in tracer.generate(0, ["a", "b"]):  # [0, 2] on rollout 0
             pass
-        assert (await tracer.train("batch"))["replicas"] is None  # [2, 4] on both ranks
+        assert (await tracer.train("batch"))["replicas"] == ()  # [2, 4] on both ranks
         # [4, 4.5] everywhere; arguments the wrapper does not know pass through
         assert await tracer.sync_weights(1, hold=[1]) == [1, -1]
         first = tracer.generate(1, ["c", "d", "e"])
@@ -153,8 +159,10 @@ def test_a_workers_spans_never_overlap():
 
 def test_replace_worker_is_traced_only_where_the_runtime_has_it():
     plain = TracingRuntime(FakeRuntime(), Trace(), origin=0.0)
-    # the rollout asks with getattr: a runtime that cannot replace workers says so
-    assert getattr(plain, "replace_worker", None) is None
+    # the wrapper has the capabilities of what it wraps: a runtime that cannot replace
+    # workers says so
+    assert not isinstance(plain, Recoverable) and getattr(plain, "replace_worker", None) is None
+    assert isinstance(TracingRuntime(Replacing(), Trace(), origin=0.0), Recoverable)
     fake = Replacing()
     trace = Trace()
     tracer = TracingRuntime(fake, trace, origin=0.0)

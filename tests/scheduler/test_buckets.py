@@ -378,7 +378,7 @@ def test_omegaconf_structured_config_round_trips():
     assert OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(yaml_again))) == config
 
 
-# -- in a run: the orchestrator's allowed workers, moves made by others ------------------------
+# -- in a run: the assignment's allowed workers, moves made by others ------------------------
 
 def test_start_and_moves_stay_within_the_allowed_instances():
     router = _router()

@@ -11,8 +11,8 @@ from eddyrl import checkpoints, resume
 from eddyrl.config import load_config
 from eddyrl.core import run_state
 from eddyrl.core.ledger import State
-from eddyrl.runtime.sim import build
-from eddyrl.runtime.virtual_clock import run_virtual
+from eddyrl.sim.runtime import build
+from eddyrl.sim.clock import run_virtual
 
 # 20 prompts, 6 fresh groups a step (batch 8 less 2 replay slots): steps cross an epoch, leave
 # drawn prompts pending, and the replay buffer holds groups at every checkpoint.

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eddyrl.cli import main
-from eddyrl.runtime.sim_policies import POLICIES, policy_config
+from eddyrl.sim.policies import POLICIES, policy_config
 
 SMALL = ["sim.rollout.devices=4", "sim.train.devices=2", "rollout.num_workers=4",
          "loop.steps=2", "loop.batch_prompts=16", "rollout.n_samples=4",
@@ -13,15 +13,13 @@ SMALL = ["sim.rollout.devices=4", "sim.train.devices=2", "rollout.num_workers=4"
 
 
 def test_every_bundled_scenario_loads_and_names_a_cluster():
-    from pathlib import Path
+    from eddyrl.config import bundled_root, load_config
 
-    from eddyrl.config import load_config
-
-    folder = Path(__file__).resolve().parents[2] / "configs" / "sim"
+    folder = bundled_root() / "sim"
     names = sorted(p.stem for p in folder.glob("*.yaml"))
     assert {"dora_64", "asyncflow_910b", "libra_48", "reflow_8", "mixed_vendor",
             "scale_1024"} <= set(names)
-    from eddyrl.runtime.sim import instance_tps
+    from eddyrl.sim.runtime import instance_tps
 
     for name in names:
         config = load_config(folder / f"{name}.yaml")
@@ -41,9 +39,9 @@ def test_an_unknown_scenario_lists_the_known_ones(capsys):
 
 
 def test_policies_set_every_dimension_whatever_the_scenario_chose():
-    sync = policy_config("configs/sim/libra_48.yaml", [], "sync")  # the scenario routes
+    sync = policy_config("sim/libra_48", [], "sync")  # the scenario routes
     assert sync.routing.policy == "none" and sync.algorithm.max_staleness == 0
-    everything = policy_config("configs/sim/libra_48.yaml", [], "all")
+    everything = policy_config("sim/libra_48", [], "all")
     assert everything.routing.policy == "bucket" and everything.replay.max_fraction == 0.25
     # its 32 rollout devices, as the policy lays them out: long instances twice as wide
     assert sum(b.workers * (b.parallelism or everything.sim.rollout.tp)
@@ -78,11 +76,11 @@ def test_the_timeline_shows_a_worker_lent_to_training(tmp_path):
     """The elastic pool's role changes are on the lent worker's own track: its cold start
     each way and its time as a training replica."""
     from eddyrl.config import load_config
-    from eddyrl.runtime.sim import Timeline, build
-    from eddyrl.runtime.virtual_clock import run_virtual
+    from eddyrl.sim.runtime import Timeline, build
+    from eddyrl.sim.clock import run_virtual
 
     timeline = Timeline()
-    config = load_config("configs/sim/reflow_8.yaml", [
+    config = load_config("sim/reflow_8", [
         *SMALL, "loop.steps=8", "elastic.enabled=true",
         "elastic.schedule=['2 join 3', '5 leave 3']"])
     controller, runtime = build(config, timeline=timeline)

@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.sim import SimInferenceEngine
-from eddyrl.runtime.virtual_clock import run_virtual
+from eddyrl.protocol import GenerationRequest, SamplingParams
+from eddyrl.sim.engine import SimInferenceEngine
+from eddyrl.sim.clock import run_virtual
 from eddyrl.scheduler.cost_model import CostModel
 
 COST = CostModel("H100", "Qwen3-4B")

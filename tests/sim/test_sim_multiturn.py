@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from eddyrl.engines.inference.base import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.sim import SimInferenceEngine
+from eddyrl.protocol import GenerationRequest, SamplingParams
+from eddyrl.sim.engine import SimInferenceEngine
 from eddyrl.errors import ConfigError
-from eddyrl.runtime.virtual_clock import run_virtual
+from eddyrl.sim.clock import run_virtual
 from eddyrl.scheduler.cost_model import CostModel
-from eddyrl.tasks.workload import ToolCall, Workload, WorkloadConfig
+from eddyrl.sim.workload import ToolCall, Workload, WorkloadConfig
 
 COST = CostModel("H100", "Qwen3-4B")
 PROMPT = [0] * 100

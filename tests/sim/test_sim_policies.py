@@ -6,11 +6,11 @@ import random
 import pytest
 
 from eddyrl.config import load_config
-from eddyrl.runtime.sim_policies import PARTIAL_AHEAD, _long_work_share, policy_config
+from eddyrl.sim.policies import PARTIAL_AHEAD, _long_work_share, policy_config
 from eddyrl.scheduler.cost_model import CostModel
-from eddyrl.tasks.workload import ResponseLengths
+from eddyrl.sim.workload import ResponseLengths
 
-DORA = "configs/sim/dora_64.yaml"
+DORA = "sim/dora_64"  # the bundled eddyrl/configs/sim/dora_64.yaml
 
 
 def test_partial_streams_with_partial_rollout_half_a_batch_ahead_within_the_scenarios_k():

@@ -4,7 +4,7 @@ seed, the same classes as a Ray run, and a multi-version run keeping C1–C3 and
 import pytest
 
 from eddyrl.config import load_config
-from eddyrl.runtime.sim import build, simulate
+from eddyrl.sim.runtime import build, simulate
 from eddyrl.scheduler.cost_model import CostModel
 
 SMALL = ["sim.model=Qwen3-4B", "sim.rollout.accelerator=H100", "sim.train.accelerator=H100",
@@ -84,7 +84,7 @@ def test_colocated_roles_need_the_same_devices():
 
 
 def test_the_colocated_policy_gives_each_role_every_device():
-    from eddyrl.runtime.sim_policies import policy_config
+    from eddyrl.sim.policies import policy_config
 
     split = policy_config(None, [*SMALL, "sim.rollout.devices=4", "sim.train.devices=2"], "sync")
     shared = policy_config(None, [*SMALL, "sim.rollout.devices=4", "sim.train.devices=2"],
@@ -139,8 +139,8 @@ def test_multiversion_in_the_simulator_keeps_c3_and_the_ledger():
 
 def test_the_simulator_drives_the_classes_a_ray_run_uses():
     import eddyrl.launch as real_launch
-    import eddyrl.runtime.sim as sim_runtime
-    from eddyrl.core import controller, orchestrator, rollout, version_window
+    import eddyrl.sim.runtime as sim_runtime
+    from eddyrl.core import controller, rollout, version_assignment, version_window
     from eddyrl.scheduler import buckets
 
     config = load_config(overrides=[*SMALL, "sim.rollout.devices=2", "sim.train.devices=2",
@@ -151,7 +151,7 @@ def test_the_simulator_drives_the_classes_a_ray_run_uses():
     assert type(sim_controller) is controller.Controller
     assert type(sim_controller.rollout) is rollout.StreamingRollout
     assert type(sim_controller.window) is version_window.VersionWindow
-    assert type(sim_controller.rollout.orchestrator) is orchestrator.VersionOrchestrator
+    assert type(sim_controller.rollout.assignment) is version_assignment.VersionAssignment
     assert type(sim_controller.rollout.router) is buckets.BucketRouter
     # `eddy train` (Ray) and `eddy sim` build their controller from the same class
     assert real_launch.Controller is sim_runtime.Controller is controller.Controller
@@ -161,7 +161,7 @@ def test_the_elastic_pool_and_adaptive_scheduler_run_in_the_simulator():
     """A training-bound cluster (4 rollout devices, 1 training device): the adaptive scheduler
     borrows a rollout worker, which pays its cold start, joins as a replica (training steps get
     shorter) and is given back when the ratio turns; C3 and the ledger hold."""
-    config = load_config("configs/sim/reflow_8.yaml", [
+    config = load_config("sim/reflow_8", [
         "sim.rollout.devices=4", "sim.train.devices=1", "algorithm.max_staleness=1",
         "elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
         "adaptive.cooldown_steps=2", "loop.steps=10", "loop.batch_prompts=32",

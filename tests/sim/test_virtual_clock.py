@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from eddyrl.engines.inference.runs import Runs
-from eddyrl.runtime.virtual_clock import SimulationStalled, run_virtual
+from eddyrl.sim.runs import Runs
+from eddyrl.sim.clock import SimulationStalled, run_virtual
 
 
 def test_sleeps_jump_in_order_and_timeouts_fire_on_virtual_time():

@@ -8,76 +8,14 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
-import torch
+from ...protocol import (EngineStats, GenerationRequest, GenerationResult,
+                         SamplingParams)
 
 if TYPE_CHECKING:
+    import torch
+
     from ...hal import BucketSpec
     from .stop_strings import StopStrings
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    stop_token_ids: tuple[int, ...] = ()
-    # Texts that end the request ("stop") at the generated token that completes one; that token
-    # is kept and the tokens come back exactly as sampled (stop_strings.py: how both real
-    # engines decode and match). For stops a tokenizer may spell in several tokens (tool tags).
-    stop_strings: tuple[str, ...] = ()
-    seed: int | None = None  # per-request seed, for reproducible sampling
-
-
-@dataclass(slots=True)
-class GenerationRequest:
-    request_id: str
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    # Partial rollout / migration: tokens already generated elsewhere, resumed from here.
-    resume_ids: list[int] = field(default_factory=list)
-    resume_logprobs: list[float] = field(default_factory=list)
-    resume_versions: list[int] = field(default_factory=list)
-    # The policy version that must generate it (C1), or None for whatever is loaded. Equal to
-    # the hosted version: joins at once; newer: waits for running requests to drain, then runs
-    # on the newest staged weights; older: refused (those weights are gone). Ignored with
-    # partial rollout, where every token records its own version anyway.
-    version: int | None = None
-    # Lengths (generated tokens, resumed ones included) at which the engine reports progress
-    # while the request runs: the bucket router's milestones. An engine that cannot report
-    # simply never does (the request then stays where it started).
-    report_at: tuple[int, ...] = ()
-    # Scheduling priority, lower first (ties in arrival order): the rollout gives each group
-    # its dispatch order, so an engine that is full admits (and keeps, when it must preempt)
-    # the older groups the trainer will wait for first. An engine without priority scheduling
-    # serves in arrival order.
-    priority: int = 0
-
-
-@dataclass(slots=True)
-class GenerationResult:
-    request_id: str
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]  # log p(token) under the sampling distribution (after temperature)
-    versions: list[int]  # policy version that generated each token
-    # "stop" | "length": done; "abort": stopped on request, partial output kept; "refused": never
-    # started because the version it needs is gone from this engine (output = what it came with);
-    # "progress": not an end, a note that the request reached a `report_at` length (the output
-    # so far, copied); its end comes later
-    finish_reason: str
-    # Which tokens are trained: 1 generated, 0 appended by an environment between turns (their
-    # log-probs are placeholders). None: every token is generated (single-turn).
-    loss_mask: list[int] | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason in ("stop", "length")
-
-    @property
-    def final(self) -> bool:
-        """The request's last result (every reason but "progress")."""
-        return self.finish_reason != "progress"
 
 
 @dataclass
@@ -96,22 +34,6 @@ class OutputSoFar:
         self.tokens = list(self.request.resume_ids)
         self.logprobs = list(self.request.resume_logprobs)
         self.versions = list(self.request.resume_versions)
-
-
-@dataclass(slots=True)
-class EngineStats:
-    running: int
-    waiting: int
-    version: int
-    tokens_generated: int
-    busy_seconds: float  # time spent generating, for tokens/s and idle ratio
-    kv_cache_usage: float = 0.0  # fraction of the KV budget in use, where the engine knows it
-    staged_version: int | None = None  # received weights waiting for running requests to end
-    sleeping: bool = False
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens_generated / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
 
 def check_request(request: GenerationRequest, max_positions: int) -> None:

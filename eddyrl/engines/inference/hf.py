@@ -27,8 +27,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from ...hal import Platform
-from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
-                   OutputSoFar, check_request)
+from .base import InferenceEngine, OutputSoFar, check_request
+from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
 from .stop_strings import watcher
 

@@ -8,7 +8,7 @@ from typing import Iterator, Protocol
 
 import torch
 
-from ...core.batch import TrainBatch
+from ...protocol import TrainBatch
 
 
 class LossFn(Protocol):

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ...core.batch import TrainBatch
+from ...protocol import TrainBatch
 from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.batch import TrainBatch
+from ...protocol import TrainBatch
 from ...hal import Platform
 from .base import LossFn, token_logprobs
 

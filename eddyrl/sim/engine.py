@@ -47,12 +47,13 @@ import itertools
 import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Sequence
 
-from ...scheduler.cost_model import CostModel
-from .base import EngineStats, GenerationRequest, GenerationResult, InferenceEngine
-from .sim_sequence import SimSequence, ToolWaits, default_kv_capacity
+from ..scheduler.cost_model import CostModel
+from ..engines.inference.base import InferenceEngine
+from ..protocol import EngineStats, GenerationRequest, GenerationResult
+from .sequence import SimSequence, ToolWaits, default_kv_capacity
 
 if TYPE_CHECKING:
-    from ...tasks.workload import ToolCall
+    from .workload import ToolCall
 
 
 class SimInferenceEngine(InferenceEngine):

@@ -5,7 +5,7 @@ of the engine (one per tensor-/pipeline-parallel rank) joins the trainer's stand
 group itself, as rank `rank_offset + worker rank` (the trainer is rank 0 and sends, unchanged),
 and receives each bucket into fresh buffers on its own device. The buffers become the staged
 weights, applied by the same single in-place reload as buckets that came through host memory
-(vllm_weights.py), so the version semantics do not change: a busy engine keeps hosting its
+(weights.py), so the version semantics do not change: a busy engine keeps hosting its
 version with the new one staged (on the device: one more copy of the weights in device memory
 until it applies). The group is made by the HAL inside the worker (`CollectiveChannel.connect`:
 loopback variables for a one-machine rendezvous, `make_store`, `Platform.new_standalone_group`),
@@ -36,7 +36,7 @@ from typing import Awaitable, Callable, Sequence
 
 import torch
 
-from .vllm_weights import WeightStaging, worker_device
+from .weights import WeightStaging, worker_device
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class WeightReceiver:
 
     def eddy_connect_weights(self, platform_name: str, rendezvous: str, rank_offset: int,
                              world_size: int, timeout_s: float) -> int:
-        from ...hal import get_platform
-        from ...hal.weight_channel import CollectiveChannel
+        from ....hal import get_platform
+        from ....hal.weight_channel import CollectiveChannel
 
         self.eddy_close_weights()  # a new group replaces the old one
         rank = rank_offset + self.rank  # the worker's rank among the engine's workers

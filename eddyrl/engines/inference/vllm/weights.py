@@ -1,9 +1,9 @@
 """Weight updates of the `vllm` engine: the names an update must bring, the form buckets travel
 in through host memory, and `WeightStaging`, which runs inside vLLM's worker: it keeps the
 buckets while the engine decodes and swaps them in between two engine steps. (Buckets received
-device to device from the trainer's broadcast: vllm_transfer.py.)
+device to device from the trainer's broadcast: transfer.py.)
 
-vLLM mixes the worker extension (`vllm_transfer.WorkerExtension`, which includes
+vLLM mixes the worker extension (`transfer.WorkerExtension`, which includes
 `WeightStaging`) into its worker class, so `self` is the worker; the adapter calls its methods
 by name through `collective_rpc`, which the engine core runs between steps. The engine-core
 process imports this module: it stays light (no vLLM, no adapter import, at module level).

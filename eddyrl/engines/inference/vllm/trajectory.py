@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import GenerationResult, OutputSoFar
+from ..base import OutputSoFar
+from ....protocol import GenerationResult
 
 
 @dataclass

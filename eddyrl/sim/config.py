@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..tasks.workload import WorkloadConfig
+from .workload import WorkloadConfig
 from ..validation import check_range, contradiction
 
 

@@ -20,9 +20,9 @@ import random
 import zlib
 from pathlib import Path
 
-from ..tasks.arith import format_prompt, parse_prompt
-from ..tasks.arith import write_splits as write_task_splits
-from .calculator import TINY_SYNTAX
+from .arith import format_prompt, parse_prompt
+from .arith import write_splits as write_task_splits
+from ..envs.calculator import TINY_SYNTAX
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,8 +10,8 @@ How the contract maps onto vLLM:
   are off; with them on vLLM renormalises over the kept tokens, so it reports log p + (-log kept
   mass), where `hf` (sampling.py) does not renormalise.
 - Weights are staged inside vLLM's worker bucket by bucket while decoding goes on, packed
-  through host memory (vllm_weights.py) or, with a `collective` channel, received device to
-  device by the workers themselves from the trainer's broadcast (vllm_transfer.py), and
+  through host memory (weights.py) or, with a `collective` channel, received device to
+  device by the workers themselves from the trainer's broadcast (transfer.py), and
   applied between two engine steps by vLLM's in-place reload; the prefix cache is then reset,
   its KV being the old weights'. Delayed updates wait for the requests of the hosted version
   to drain, as in `hf`. Partial rollout interrupts the running requests
@@ -38,15 +38,15 @@ from typing import AsyncIterator, Iterable
 
 import torch
 
-from ...hal import BucketSpec, Platform
-from . import vllm_transfer
-from .base import (EngineStats, GenerationRequest, GenerationResult, InferenceEngine,
-                   check_request)
-from .stop_strings import watcher
-from .vllm_api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
-from .vllm_loop import LoopThread, Slots
-from .vllm_trajectory import Trajectory
-from .vllm_weights import check_complete, check_known, stage_from_host, weight_names
+from ....hal import BucketSpec, Platform
+from . import transfer
+from ..base import InferenceEngine, check_request
+from ....protocol import EngineStats, GenerationRequest, GenerationResult
+from ..stop_strings import watcher
+from .api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
+from .loop import LoopThread, Slots
+from .trajectory import Trajectory
+from .weights import check_complete, check_known, stage_from_host, weight_names
 
 logger = logging.getLogger(__name__)
 _END = object()
@@ -90,7 +90,7 @@ class VLLMInferenceEngine(InferenceEngine):
             max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
             enforce_eager=True,  # graph capture / compilation would cost more than it saves here
             distributed_executor_backend="uni",  # one worker, inside the engine-core process
-            worker_extension_cls="eddyrl.engines.inference.vllm_transfer.WorkerExtension",
+            worker_extension_cls="eddyrl.engines.inference.vllm.transfer.WorkerExtension",
             kv_cache_memory_bytes=kv_cache_bytes or kv_cache_bytes_for(
                 config, max_batch_size, self.max_positions, getattr(torch, dtype).itemsize),
             enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True)
@@ -106,7 +106,7 @@ class VLLMInferenceEngine(InferenceEngine):
         """Leave the weight group, stop vLLM's engine-core process and the adapter's thread."""
         async def shutdown() -> None:
             if self._receiving:
-                await vllm_transfer.close(self._rpc_all)
+                await transfer.close(self._rpc_all)
             self._llm.shutdown()
         self._thread.run(shutdown())
         self._thread.stop()
@@ -296,20 +296,20 @@ class VLLMInferenceEngine(InferenceEngine):
 
     def connect_weight_channel(self, rendezvous: str, rank_offset: int, world_size: int,
                                timeout_s: float = 600.0) -> None:
-        self._thread.run(vllm_transfer.connect(self._rpc_all, self.platform.name, rendezvous,
+        self._thread.run(transfer.connect(self._rpc_all, self.platform.name, rendezvous,
                                                rank_offset, world_size, timeout_s))
         self._receiving = True
 
     async def receive_weights(self, version: int, specs: list[BucketSpec], *,
                               hold: bool = False) -> None:
         """As `load_weights`, the workers taking each bucket off the trainer's broadcast into
-        device buffers (vllm_transfer.py). An update with wrong names is received whole (the
+        device buffers (transfer.py). An update with wrong names is received whole (the
         broadcast needs every rank) and then refused."""
         if not self._receiving:
             raise RuntimeError("receive_weights before connect_weight_channel")
 
         async def stage() -> set[str]:
-            names = await vllm_transfer.receive(self._rpc_all, specs)
+            names = await transfer.receive(self._rpc_all, specs)
             check_known(names, self._known_names)
             return names
         await self._thread.call(self._load_weights(version, stage, hold))

@@ -33,9 +33,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..config import EddyConfig, load_config
-from ..engines.inference.sim import default_kv_capacity
+from .engine import default_kv_capacity
 from ..scheduler.cost_model import CostModel
-from ..tasks.workload import ResponseLengths
+from .workload import ResponseLengths
 from ..errors import ConfigError
 
 _BASE = ["cluster.placement=split", "elastic.enabled=false", "adaptive.enabled=false",
@@ -158,7 +158,7 @@ def compare(scenario: str | None, overrides: list[str], policies: list[str],
     """Each policy simulated on the scenario, one after another; a row of numbers each. With
     `out` (a folder), each policy's workers' busy intervals go there as a Perfetto / Chrome
     trace (trace_<policy>.json) and, with `plots`, as a timeline plot (timeline_<policy>.png)."""
-    from .sim import simulate
+    from .runtime import simulate
 
     rows: dict[str, dict[str, Any]] = {}
     for policy in policies:

@@ -7,12 +7,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ...scheduler.cost_model import CostModel
-from .base import GenerationRequest, GenerationResult
+from ..scheduler.cost_model import CostModel
+from ..protocol import GenerationRequest, GenerationResult
 from .runs import Runs
 
 if TYPE_CHECKING:
-    from ...tasks.workload import ToolCall
+    from .workload import ToolCall
 
 
 @dataclass(eq=False, slots=True)

@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from ..engines.inference.base import GenerationRequest
+from ..protocol import GenerationRequest
 from ..validation import check_range
-from .prompts import Prompt, PromptSet
+from ..tasks.prompts import Prompt, PromptSet
 
 CORRECT = "1"  # the answer every synthetic prompt expects; a simulated token carries 1 or 0
 EVAL_KEYS = 1 << 30

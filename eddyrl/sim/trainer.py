@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.trajectory import Group
-from ...scheduler.cost_model import CostModel
+from ..protocol import Group
+from ..scheduler.cost_model import CostModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """The cluster simulator's runtime: simulated engines on a virtual clock, driven by the same
-`Controller` (and with it the version window, store, orchestrator, replay, router, adaptive
+`Controller` (and with it the version window, store, assignment, replay, router, adaptive
 scheduler) that drives Ray workers in a real run.
 
 `SimRuntime` is the runtime protocol over `SimInferenceEngine`s and a `SimTrainer`: generation,
@@ -15,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..config import EddyConfig
-from ..core.controller import Controller, LoopSettings
+from ..build import build_controller, loop_settings
+from ..core.controller import Controller
 from ..core.rewarding import SafeReward
 from ..errors import ConfigError
-from ..engines.inference.base import GenerationRequest, GenerationResult, SamplingParams
-from ..engines.inference.sim import SimInferenceEngine
-from ..engines.training.sim import SimBatch, SimTrainer, build_sim_batch
+from ..protocol import GenerationRequest, GenerationResult, SamplingParams
+from .engine import SimInferenceEngine
+from .trainer import SimBatch, SimTrainer, build_sim_batch
 from ..observability.trace import Trace as Timeline  # the worker timeline real runs write too
 from ..scheduler.buckets import worker_batch_size
 from ..scheduler.cost_model import CostModel
-from ..tasks import workload as synthetic
-from .virtual_clock import run_virtual
+from . import workload as synthetic
+from .clock import run_virtual
+
+if TYPE_CHECKING:
+    from ..config import EddyConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,16 +102,16 @@ class SimRuntime:
     async def abort(self, worker: int, request_ids: list[str]) -> None:
         await self.workers[worker].abort(request_ids)
 
-    async def train(self, batch: SimBatch, replicas: list[int] | None = None
+    async def train(self, batch: SimBatch, replicas: Sequence[int] = ()
                     ) -> dict[str, float]:
         if self.devices.colocated:
             await self._hand_devices_to("train")
         seconds = self.trainer.step_seconds(
-            batch, extra_dp=len(replicas or []) * self.replica_groups)
+            batch, extra_dp=len(replicas) * self.replica_groups)
         self.train_busy_s += seconds
         self._record("train", seconds, {"rows": batch.rows, "tokens": batch.tokens})
         await asyncio.sleep(seconds)
-        return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas or [])}
+        return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas)}
 
     async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         """One broadcast to every instance at once (each receives its shards over its own
@@ -296,17 +299,14 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
                          move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp,
                          devices=devices)
     rollout = config.rollout
-    settings = LoopSettings(
-        loop=config.loop, algorithm=config.algorithm, n_samples=rollout.n_samples,
-        seed=config.seed, pad_id=0, replay=config.replay, rollout=rollout,
-        elastic=config.elastic, adaptive=config.adaptive, routing=config.routing,
-        trainer_ranks=sim.train.groups, plan_cost=rollout_cost if config.adaptive.enabled
-        else None,
-        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens,
-                                temperature=rollout.temperature))
-    controller = Controller(runtime, settings, train_set, eval_set, decode=synthetic.decode,
-                            reward=SafeReward(synthetic.reward), log=log,
-                            build_batch=build_sim_batch)
+    settings = loop_settings(
+        config, SamplingParams(max_new_tokens=rollout.max_new_tokens,
+                               temperature=rollout.temperature), pad_id=0,
+        trainer_ranks=sim.train.groups,
+        plan_cost=rollout_cost if config.adaptive.enabled else None)
+    controller = build_controller(settings, runtime, train_set, eval_set,
+                                  decode=synthetic.decode, reward=SafeReward(synthetic.reward),
+                                  log=log, build_batch=build_sim_batch)
     return controller, runtime
 
 

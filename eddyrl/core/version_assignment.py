@@ -1,8 +1,8 @@
-"""Which rollout worker hosts which policy version: DORA's orchestrator, as a sans-IO object.
+"""Which rollout worker hosts which policy version: DORA's assignment, as a sans-IO object.
 
 Each worker generates with one version at a time (C1). After a train step every worker has the
 new weights staged, but a worker still running requests of an older (legacy) version keeps
-hosting it until those finish. The orchestrator keeps the split of workers between versions
+hosting it until those finish. The assignment keeps the split of workers between versions
 proportional to the work each version has left (DORA: version w gets round(N · R_w / ΣR)
 workers, R_w its pending requests), so a few long-tail trajectories of an old version do not
 hold many workers back from the new one:
@@ -53,7 +53,7 @@ class Migration:
     count: int
 
 
-class VersionOrchestrator:
+class VersionAssignment:
     def __init__(self, num_workers: int, slots_per_worker: int) -> None:
         check_range("num_workers", num_workers, 1)
         check_range("slots_per_worker", slots_per_worker, 1)

@@ -12,13 +12,13 @@ wheels and vllm-ascend v0.23.0:
   `vllm_config.parallel_config.world_size`.
 - Drifted: engine arguments a release lacks (`VLLMApi.engine_args`: optional ones are left to
   vLLM's default, required ones are an error); the worker's in-place reload, which
-  vllm-ascend 0.23's NPU worker lacks (`vllm_weights.reload_strategy` then runs vLLM's
+  vllm-ascend 0.23's NPU worker lacks (`weights.reload_strategy` then runs vLLM's
   layer-wise reload itself, as that worker's own weight-transfer path does).
 - Not called, so not detected: `pause_generation` (0.23 still takes the deprecated
   `wait_for_inflight_requests` next to `mode`; partial rollout aborts and resumes requests
   instead, the same calls in every release), and vLLM's native weight-transfer protocol
   (0.23: `start_weight_update(is_checkpoint_format)`, `finish_weight_update()` without a
-  version); vllm_transfer.py says why the engine receives weights its own way.
+  version); transfer.py says why the engine receives weights its own way.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import logging
 import os
 from typing import Callable
 
-from ...hal import Platform
-from .base import SamplingParams as EddySampling
+from ....hal import Platform
+from ....protocol import SamplingParams as EddySampling
 
 try:
     import vllm

@@ -1,0 +1,138 @@
+"""Wiring: the controller and every collaborator it drives, built in one place from the run's
+settings and runtime. `eddy train` (Ray), `eddy sim` (virtual time), `eddy eval` (in process)
+and the tests build their controller here, so a mechanism is switched on or off by its config
+section alone and an absent one is a null object (`NoElastic`, `NoAdaptive`, `NoRecovery`),
+never a `None` checked in the loop.
+
+The runtime's optional capabilities (`runtime.protocol`) are asked for here, once: a setting
+that needs one the runtime lacks is refused by name before the run starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .core.adaptive_driver import AdaptiveDriver, NoAdaptive
+from .core.batching import build_train_batch
+from .core.controller import Controller, LoopSettings
+from .core.elastic_driver import ElasticDriver, NoElastic, build_pool, parse_schedule
+from .core.episodes import Episodes
+from .core.ledger import Ledger
+from .core.migration import NoRecovery
+from .core.replay import ReplayBuffer
+from .core.rewarding import SafeReward
+from .core.rollout import StreamingRollout
+from .core.version_assignment import VersionAssignment
+from .core.version_window import VersionWindow
+from .errors import ConfigError
+from .protocol import SamplingParams
+from .runtime.protocol import Elastic, Plannable, Recoverable, Runtime
+from .scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+from .scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
+from .scheduler.elastic import ElasticConfig
+from .scheduler.plan_predictor import PlanPredictor
+from .tasks.prompts import PromptQueue
+
+
+def loop_settings(config: Any, sampling: SamplingParams, pad_id: int, *, trainer_ranks: int,
+                  plan_cost: Any = None, env: Any = None) -> LoopSettings:
+    """The loop's settings from a run's config (`config.EddyConfig`) and what the run derived
+    from its tokenizer and model."""
+    rollout = config.rollout
+    return LoopSettings(
+        loop=config.loop, algorithm=config.algorithm, sampling=sampling,
+        n_samples=rollout.n_samples, seed=config.seed, pad_id=pad_id, replay=config.replay,
+        max_batch_size=rollout.max_batch_size, partial_rollout=rollout.partial_rollout,
+        migrate=rollout.migrate, fill_legacy=rollout.fill_legacy, elastic=config.elastic,
+        adaptive=config.adaptive, routing=config.routing, trainer_ranks=trainer_ranks,
+        plan_cost=plan_cost, env=env)
+
+
+def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: Any,
+                     eval_prompts: Any, decode: Callable[[list[int]], str], reward: SafeReward,
+                     log: Callable[[dict[str, Any]], None] = lambda metrics: None,
+                     build_batch: Callable[..., Any] = build_train_batch) -> Controller:
+    """The controller of one run: its version window, replay buffer, streaming rollout (with
+    DORA's version assignment, Libra's router and the environments when on), elastic pool and
+    adaptive scheduler, on `runtime`."""
+    if not isinstance(runtime, Runtime):
+        raise TypeError(f"{type(runtime).__name__} is not a runtime: it lacks some of "
+                        "runtime.protocol.Runtime's members")
+    loop, algo = settings.loop, settings.algorithm
+    replay = ReplayBuffer(settings.replay)
+    # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
+    fresh_per_step = loop.batch_prompts - replay.replay_slots(loop.batch_prompts)
+    # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS),
+    # fewer when the loop caps the groups generating at once.
+    window = VersionWindow(max_staleness=algo.max_staleness,
+                           batch_groups=max(fresh_per_step, 1),
+                           max_concurrent=loop.max_inflight_prompts or
+                           (algo.max_staleness + 1) * loop.batch_prompts)
+    ledger = Ledger()
+    rollout = StreamingRollout(
+        runtime, window, VersionAssignment(len(runtime.workers), settings.max_batch_size),
+        ledger, reward, decode, partial_rollout=settings.partial_rollout,
+        migrate=settings.migrate, router=_router(settings.routing or RoutingConfig()),
+        episodes=Episodes(settings.env, decode) if settings.env else None,
+        recovery=runtime if isinstance(runtime, Recoverable) else NoRecovery())
+    controller = Controller(
+        runtime, settings, rollout, window, replay,
+        PromptQueue(train_prompts, loop.batch_prompts, settings.seed), train_prompts,
+        eval_prompts, reward, build_batch, elastic=_elastic(settings, runtime, rollout),
+        log=log, ledger=ledger)
+    if loop.refill == "stream":
+        rollout.on_collect = controller.fill_pipeline
+    return controller
+
+
+def _router(routing: RoutingConfig) -> BucketRouter | None:
+    """Libra's bucket router (or one of its baselines), when routing is on."""
+    if routing.policy == "none":
+        return None
+    return BucketRouter(routing, bucket_instances(routing))
+
+
+def _adaptive(settings: LoopSettings, runtime: Runtime, rollout: StreamingRollout,
+              events: list[dict[str, Any]]) -> AdaptiveDriver | NoAdaptive:
+    """ReFlow's adaptive scheduler with Libra's planner rule, when on; it plans with or
+    without the elastic pool."""
+    adaptive = settings.adaptive or AdaptiveConfig()
+    if not adaptive.enabled:
+        return NoAdaptive()
+    if not isinstance(runtime, Plannable):
+        raise ConfigError(f"adaptive.enabled = True: the {type(runtime).__name__} cannot "
+                          "change its rollout workers' generation strategy while running")
+    router = rollout.router
+    # Layouts move workers between buckets, which only makes sense while a bucket's
+    # instances are like any other's: not when buckets have their own parallelism (the
+    # simulator builds them that wide; a moved instance would keep its width)
+    movable = router is not None and \
+        len({spec.parallelism for spec in router.config.buckets}) == 1
+    plan = GenerationPlan(concurrency=settings.max_batch_size,
+                          partial_rollout=settings.partial_rollout,
+                          layout=router.layout if movable else ())
+    cost = settings.plan_cost
+    predictor = PlanPredictor(cost, plan, tail_bounds_step=(
+        settings.algorithm.max_staleness == 0)) if cost else None
+    return AdaptiveDriver(runtime, rollout, AdaptiveScheduler(adaptive, plan, predictor),
+                          rollout_group_size=settings.n_samples, predictor=predictor,
+                          events=events)
+
+
+def _elastic(settings: LoopSettings, runtime: Runtime, rollout: StreamingRollout
+             ) -> ElasticDriver | NoElastic:
+    """Libra's elastic pool, when on: rollout workers lent to training as gradient replicas,
+    by the adaptive scheduler's decisions and/or a pinned schedule. The two drivers share one
+    list of events (decisions, plans, moves), in the order they happened."""
+    events: list[dict[str, Any]] = []
+    adaptive = _adaptive(settings, runtime, rollout, events)
+    elastic = settings.elastic or ElasticConfig()
+    if not elastic.enabled:
+        return NoElastic(adaptive)
+    if not isinstance(runtime, Elastic):
+        raise ConfigError(f"elastic.enabled = True: the {type(runtime).__name__} cannot lend "
+                          "rollout workers to training")
+    workers = len(runtime.workers)
+    return ElasticDriver(runtime, rollout, build_pool(workers, settings.trainer_ranks, elastic),
+                         parse_schedule(list(elastic.schedule), workers), adaptive=adaptive,
+                         events=events)
