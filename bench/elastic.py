@@ -42,7 +42,7 @@ def main() -> int:
     run_dir = out / "elastic_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [f"loop.steps={args.steps}", "loop.eval_every=0", "rollout.num_workers=2",
-                 "algorithm.max_staleness=1", "elastic.enabled=true",
+                 "window.max_staleness=1", "elastic.enabled=true",
                  f'elastic.schedule=["{args.join} join 1", "{args.leave} leave 1"]',
                  f"run_dir={run_dir}", *args.overrides]
     print(f"# bench/elastic.py on {platform.node()} ({os.cpu_count()} CPUs), python "

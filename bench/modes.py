@@ -4,6 +4,9 @@ start, seed and wall-clock budget, one after another in one invocation.
     python bench/modes.py [--seconds 150] [--modes sync,one_step,async,multiversion,replay,all]
                           [--target 0.6] [--out bench/results] [key=value ...]
 
+The modes are the mode registry's (eddyrl/modes.py: `python -m eddyrl.modes` lists them), each
+with exactly the registry's settings, the same as its mode file and as `eddy bench sim`'s policy.
+
 Prints how it was run and a table (training samples/s, generated tokens/s, trainer and rollout
 idle fractions, staleness, replay fraction, held-out accuracy at fixed times, time to the target
 accuracy, final accuracy), and writes results.json and accuracy_vs_time.png into --out.
@@ -22,7 +25,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the registry's modes this benchmark runs unless told otherwise (`--modes` takes any of them)
 MODES = ("sync", "one_step", "async", "multiversion", "replay", "all")
+
+
+def mode_config(mode: str, overrides: list[str]):
+    """The run of `mode`: the built-in defaults, the registry's overrides for it, then
+    `overrides` (the benchmark's own and the command line's)."""
+    from eddyrl.config import load_config
+    from eddyrl.modes import get
+
+    return load_config(None, [*get(mode).overrides, *overrides])
 
 
 def summarize(metrics: list[dict], summary: dict, target: float, marks: list[float]) -> dict:
@@ -87,12 +100,18 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from eddyrl.config import load_config
+    from eddyrl.errors import ConfigError
     from eddyrl.launch import train
+    from eddyrl.modes import get
 
+    modes = args.modes.split(",")
+    for mode in modes:
+        try:
+            get(mode)
+        except ConfigError as exc:  # an unknown name, with the registry's names
+            parser.error(str(exc))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    modes = args.modes.split(",")
     common = [f"loop.max_seconds={args.seconds}", "loop.steps=100000",
               f"loop.eval_every={args.eval_every}", *args.overrides]
     print(f"# bench/modes.py on {platform.node()} ({os.cpu_count()} CPUs, "
@@ -104,8 +123,7 @@ def main() -> int:
     for mode in modes:
         run_dir = out / mode
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: eddy train refuses to append
-        # the bundled mode file eddyrl/configs/modes/<mode>.yaml
-        config = load_config(f"modes/{mode}", [*common, f"run_dir={run_dir}"])
+        config = mode_config(mode, [*common, f"run_dir={run_dir}"])
         began = time.monotonic()
         summary = json.loads(train(config).read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]

@@ -1,5 +1,5 @@
-"""Rollout routing policies side by side: modes/buckets (two rollout workers, a
-short and a long bucket, DORA K = 3) with routing.policy set to Libra's bucket router, its
+"""Rollout routing policies side by side: modes/bucket (two rollout workers, a
+short and a long bucket, one-step K = 1) with routing.policy set to Libra's bucket router, its
 baselines, and none (the version assignment alone), each from the same warm start, seed and
 wall-clock budget, one after another in one invocation.
 
@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from eddyrl.config import load_config
+    from eddyrl.config import bundled, load_config
     from eddyrl.launch import train
 
     out = Path(args.out).resolve()
@@ -46,10 +46,10 @@ def main() -> int:
     policies = args.policies.split(",")
     common = [f"loop.max_seconds={args.seconds}", "loop.steps=100000", "loop.eval_every=0",
               *args.overrides]
-    mode = "modes/buckets"  # the bundled eddyrl/configs/modes/buckets.yaml
+    mode = bundled("modes/bucket")  # eddyrl/configs/modes/bucket.yaml
     print(f"# bench/routing.py on {platform.node()} ({os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}), python {sys.version.split()[0]}")
-    print(f"# {mode} with routing.policy in {policies}; budget "
+    print(f"# modes/bucket with routing.policy in {policies}; budget "
           f"{args.seconds:.0f} s of training each; overrides {common}")
     results = {}
     for policy in policies:

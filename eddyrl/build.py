@@ -40,10 +40,9 @@ def loop_settings(config: Any, sampling: SamplingParams, pad_id: int, *, trainer
     from its tokenizer and model."""
     rollout = config.rollout
     return LoopSettings(
-        loop=config.loop, algorithm=config.algorithm, sampling=sampling,
+        loop=config.loop, algorithm=config.algorithm, window=config.window, sampling=sampling,
         n_samples=rollout.n_samples, seed=config.seed, pad_id=pad_id, replay=config.replay,
-        max_batch_size=rollout.max_batch_size, partial_rollout=rollout.partial_rollout,
-        migrate=rollout.migrate, fill_legacy=rollout.fill_legacy, elastic=config.elastic,
+        max_batch_size=rollout.max_batch_size, elastic=config.elastic,
         adaptive=config.adaptive, routing=config.routing, trainer_ranks=trainer_ranks,
         plan_cost=plan_cost, env=env)
 
@@ -58,21 +57,21 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
     if not isinstance(runtime, Runtime):
         raise TypeError(f"{type(runtime).__name__} is not a runtime: it lacks some of "
                         "runtime.protocol.Runtime's members")
-    loop, algo = settings.loop, settings.algorithm
+    loop, window_config = settings.loop, settings.window
     replay = ReplayBuffer(settings.replay)
     # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
     fresh_per_step = loop.batch_prompts - replay.replay_slots(loop.batch_prompts)
     # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS),
     # fewer when the loop caps the groups generating at once.
-    window = VersionWindow(max_staleness=algo.max_staleness,
+    window = VersionWindow(max_staleness=window_config.max_staleness,
                            batch_groups=max(fresh_per_step, 1),
-                           max_concurrent=loop.max_inflight_prompts or
-                           (algo.max_staleness + 1) * loop.batch_prompts)
+                           max_concurrent=window_config.max_inflight_prompts or
+                           (window_config.max_staleness + 1) * loop.batch_prompts)
     ledger = Ledger()
     rollout = StreamingRollout(
         runtime, window, VersionAssignment(len(runtime.workers), settings.max_batch_size),
-        ledger, reward, decode, partial_rollout=settings.partial_rollout,
-        migrate=settings.migrate, router=_router(settings.routing or RoutingConfig()),
+        ledger, reward, decode, partial_rollout=window_config.partial_rollout,
+        migrate=window_config.migrate, router=_router(settings.routing or RoutingConfig()),
         episodes=Episodes(settings.env, decode) if settings.env else None,
         recovery=runtime if isinstance(runtime, Recoverable) else NoRecovery())
     controller = Controller(
@@ -80,7 +79,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
         PromptQueue(train_prompts, loop.batch_prompts, settings.seed), train_prompts,
         eval_prompts, reward, build_batch, elastic=_elastic(settings, runtime, rollout),
         log=log, ledger=ledger)
-    if loop.refill == "stream":
+    if window_config.refill == "stream":
         rollout.on_collect = controller.fill_pipeline
     return controller
 
@@ -109,11 +108,11 @@ def _adaptive(settings: LoopSettings, runtime: Runtime, rollout: StreamingRollou
     movable = router is not None and \
         len({spec.parallelism for spec in router.config.buckets}) == 1
     plan = GenerationPlan(concurrency=settings.max_batch_size,
-                          partial_rollout=settings.partial_rollout,
+                          partial_rollout=settings.window.partial_rollout,
                           layout=router.layout if movable else ())
     cost = settings.plan_cost
     predictor = PlanPredictor(cost, plan, tail_bounds_step=(
-        settings.algorithm.max_staleness == 0)) if cost else None
+        settings.window.max_staleness == 0)) if cost else None
     return AdaptiveDriver(runtime, rollout, AdaptiveScheduler(adaptive, plan, predictor),
                           rollout_group_size=settings.n_samples, predictor=predictor,
                           events=events)

@@ -28,10 +28,19 @@ def cmd_platforms(_: argparse.Namespace) -> int:
 
 
 def cmd_config_show(ns: argparse.Namespace) -> int:
-    from .config import load_config, to_yaml
+    from .config import load_config, read_yaml, resolve_config, to_yaml
 
     path, overrides = _split_config_args(ns.args)
-    print(to_yaml(load_config(path, overrides)), end="")
+    resolved = resolve_config(path)
+    # a scenario (a `sim` section) is shown as `eddy sim` reads it
+    if (resolved is not None and resolved.is_file() and "sim" in read_yaml(resolved)) or \
+            any(item.startswith("sim.") for item in overrides):
+        from .sim.config import load_scenario
+
+        config = load_scenario(resolved, overrides)
+    else:
+        config = load_config(resolved, overrides)
+    print(to_yaml(config), end="")
     return 0
 
 
@@ -111,12 +120,12 @@ def _scenario(name: str | None) -> str | None:
 
 
 def cmd_sim(ns: argparse.Namespace) -> int:
-    from .config import load_config
+    from .sim.config import load_scenario
     from .sim.runtime import simulate
     from .ui import console
 
     path, overrides = _split_config_args(ns.args)
-    config = load_config(_scenario(path), overrides)
+    config = load_scenario(_scenario(path), overrides)
     summary = simulate(config, log=lambda m: console.print(_step_line(m), highlight=False),
                        trace_path=ns.trace)
     console.print(f"simulated {summary['simulated_s']:.1f} s in {summary['wall_s']:.2f} s "

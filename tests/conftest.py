@@ -65,14 +65,18 @@ USES = {
     "FSDPTrainEngine": "builds a model",
     "TrainerRank": "builds a model",
     "run_sft": "builds a model",
+    # vLLM: importing it takes seconds
+    "vllm": "imports vLLM",
+    "VLLMApi": "imports vLLM",
     # Ray
     "ray": "uses Ray",
     "start_ray": "uses Ray",
     "RayRuntime": "uses Ray",
-    # other processes (`eddy` on the command line, spawned ranks)
+    # other processes (`eddy` on the command line, spawned ranks, the Python tool's sandbox)
     "subprocess": "starts a subprocess",
     "multiprocessing": "starts a subprocess",
     "torch.multiprocessing": "starts a subprocess",
+    "PythonSandbox": "starts a subprocess",
 }
 
 # Rule 6, for modules no better signal covers: fnmatch patterns on the test file's name (not
@@ -81,6 +85,16 @@ INTEGRATION_MODULES = {
     "test_e2e_*": "end-to-end runs of `eddy train` on the tiny model",
     "test_eval_cli.py": "`eddy eval` loads the shipped warm-start checkpoint",
     "test_wheel*": "builds and installs the wheel",
+    # Pure logic, but whole simulated runs of the controller (seconds each): together they
+    # would take half of the fast tier's 30 s. The simulator's parts (engine, clock, sequences,
+    # policies, cost model) stay fast.
+    "test_simulator.py": "whole simulated runs",
+    "test_sim_cli.py": "`eddy sim` and `eddy bench sim` runs",
+    "test_resume.py": "simulated runs checkpointed and resumed",
+    "test_run_report.py": "`eddy report` draws every plot of a run (matplotlib)",
+    # Pure logic too, but it loads every mode in every scenario and source (about 8 s on two
+    # cores, at ~50 ms a load_config). Back to fast once a config load is cheap.
+    "test_modes.py": "every mode's settings in real runs, bench and the simulator",
 }
 
 PLATFORM_PARAMS = ("platform", "accelerator", "platform_name")
@@ -88,60 +102,70 @@ _RECORDS = pytest.StashKey[dict]()
 _TIER = pytest.StashKey[str]()
 
 
-def _in_tests_tree(code: types.CodeType) -> bool:
-    try:
-        return Path(code.co_filename).resolve().is_relative_to(TESTS_DIR)
-    except (OSError, ValueError):
-        return False
+_IN_TREE: dict[str, bool] = {}
+
+
+def _in_tests_tree(filename: str) -> bool:
+    if filename not in _IN_TREE:
+        try:
+            _IN_TREE[filename] = Path(filename).resolve().is_relative_to(TESTS_DIR)
+        except (OSError, ValueError, TypeError):
+            _IN_TREE[filename] = False
+    return _IN_TREE[filename]
 
 
 def _callables_of(value):
-    """The code objects (with their globals) a value bound to a name in the tests tree runs."""
+    """The code objects (with their globals) that a function or class of the tests tree runs."""
     if isinstance(value, type):
         for klass in value.__mro__:
-            for member in vars(klass).values():
-                yield from _callables_of(getattr(member, "__func__", member))
+            module = sys.modules.get(klass.__module__)
+            if _in_tests_tree(getattr(module, "__file__", None) or ""):
+                for member in vars(klass).values():
+                    yield from _callables_of(getattr(member, "__func__", member))
+        return
+    if not callable(value):
         return
     function = inspect.unwrap(getattr(value, "__func__", value))
     code = getattr(function, "__code__", None)
-    if isinstance(code, types.CodeType) and _in_tests_tree(code):
+    if isinstance(code, types.CodeType) and _in_tests_tree(code.co_filename):
         yield code, getattr(function, "__globals__", {})
 
 
-def code_signal(code: types.CodeType, namespace: dict, seen: set | None = None) -> str | None:
+def _use(name: str) -> str | None:
+    return USES.get(name) or USES.get(name.split(".")[0])  # `import ray.util` names "ray.util"
+
+
+_SIGNALS: dict[int, str | None] = {}  # by code object, for the whole session
+
+
+def code_signal(code: types.CodeType, namespace: dict) -> str | None:
     """Why this code is integration by USES (following tests-tree helpers), or None."""
-    seen = set() if seen is None else seen
-    if id(code) in seen:
-        return None
-    seen.add(id(code))
-    for name in code.co_names:
-        if name in USES:
-            return f"{USES[name]} ({name} in {code.co_name})"
+    if id(code) in _SIGNALS:
+        return _SIGNALS[id(code)]
+    _SIGNALS[id(code)] = None  # a helper calling back into this one adds nothing new
+    why, follow = None, []
+    for name in code.co_names:  # what this code names itself, before what it calls
         value = namespace.get(name)
-        if isinstance(value, types.ModuleType):
-            if value.__name__ in USES or value.__name__.split(".")[0] in USES:
-                return f"{USES.get(value.__name__) or USES[value.__name__.split('.')[0]]} " \
-                       f"({value.__name__} in {code.co_name})"
-            continue
-        if value is not None and not isinstance(value, (str, int, float, bool, bytes)):
-            for inner, inner_namespace in _callables_of(value):
-                why = code_signal(inner, inner_namespace, seen)
-                if why:
-                    return why
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            why = code_signal(const, namespace, seen)
-            if why:
-                return why
-    return None
-
-
-def _function_signal(function, seen: set) -> str | None:
-    for code, namespace in _callables_of(function):
-        why = code_signal(code, namespace, seen)
+        if _use(name):
+            why = f"{_use(name)} ({name} in {code.co_name})"
+        elif isinstance(value, types.ModuleType) and _use(value.__name__):
+            why = f"{_use(value.__name__)} ({value.__name__} in {code.co_name})"
+        elif value is not None and not isinstance(value, types.ModuleType):
+            follow.append(value)
         if why:
-            return why
-    return None
+            break
+    follow += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    for value in follow if why is None else ():
+        inner = [(value, namespace)] if isinstance(value, types.CodeType) else _callables_of(value)
+        why = next(filter(None, (code_signal(c, n) for c, n in inner)), None)
+        if why:
+            break
+    _SIGNALS[id(code)] = why
+    return why
+
+
+def _function_signal(function) -> str | None:
+    return next(filter(None, (code_signal(c, n) for c, n in _callables_of(function))), None)
 
 
 _PLATFORM_KINDS: dict[str, bool] = {}
@@ -174,15 +198,14 @@ def classify(item) -> tuple[tuple[str, ...], str]:
             return ("hardware",), f"runs on {params[key]}"
     if "slow" in names:
         return ("integration",), "marked slow"
-    seen: set = set()
     function = getattr(item, "function", None)
-    why = _function_signal(function, seen) if function is not None else None
+    why = _function_signal(function) if function is not None else None
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     for name in getattr(item, "fixturenames", ()):
         if why:
             break
         for definition in definitions.get(name, ()):
-            why = _function_signal(definition.func, seen)
+            why = _function_signal(definition.func)
             if why:
                 why = f"fixture {name} {why}"
                 break
@@ -196,14 +219,14 @@ def classify(item) -> tuple[tuple[str, ...], str]:
 
 def tier_problems(records: dict) -> list[str]:
     """What breaks the tier rules in {test id: marker names}: a test with no tier or with
-    two, a `slow` test outside integration."""
+    two, a `slow` test in the fast tier (slow ones are integration, or hardware)."""
     problems = []
     for nodeid, names in records.items():
         tiers = [tier for tier in TIERS if tier in names]
         if len(tiers) != 1:
             problems.append(f"{nodeid}: {len(tiers)} tiers {tiers}, needs exactly one of {TIERS}")
-        elif "slow" in names and tiers != ["integration"]:
-            problems.append(f"{nodeid}: marked slow but in {tiers[0]}, not integration")
+        elif "slow" in names and tiers == ["fast"]:
+            problems.append(f"{nodeid}: marked slow but in the fast tier")
     return problems
 
 
@@ -235,17 +258,13 @@ _seen_by_check: list[str] = []  # what the running fast test did that it should 
 _watched = [0]
 
 
-def _heavy_module_init(original):
+def _model_init(original):
     def __init__(self, *args, **kwargs):
-        root = type(self).__module__.split(".")[0]
-        busy = getattr(_heavy_module_init, "busy", False)
-        if root in ("transformers", "vllm") and not busy:
+        kinds = type(self).__mro__
+        if any(k.__name__ == "PreTrainedModel" or k.__name__.endswith("ForCausalLM")
+               for k in kinds):  # a transformers or vLLM model, not a torch.nn.Linear
             _seen_by_check.append(f"built a model ({type(self).__name__})")
-        _heavy_module_init.busy = busy or root in ("transformers", "vllm")  # the outermost
-        try:
-            original(self, *args, **kwargs)
-        finally:
-            _heavy_module_init.busy = busy
+        original(self, *args, **kwargs)
     return __init__
 
 
@@ -261,7 +280,7 @@ def _eddy_popen(original):
 
 def pytest_configure(config):
     if _CHECK:
-        torch.nn.Module.__init__ = _heavy_module_init(torch.nn.Module.__init__)
+        torch.nn.Module.__init__ = _model_init(torch.nn.Module.__init__)
         subprocess.Popen.__init__ = _eddy_popen(subprocess.Popen.__init__)
 
 

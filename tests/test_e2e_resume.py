@@ -14,7 +14,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 RUN = ["loop.batch_prompts=4", "loop.eval_every=0", "rollout.n_samples=4",
        "rollout.max_new_tokens=16", "data.train_size=32", "data.eval_size=4",
        "cluster.threads_per_worker=1", "data.reward_fn=reward_fixtures:length_reward",
-       "algorithm.dynamic_sampling=false", "algorithm.max_staleness=1", "checkpoint.every=1"]
+       "algorithm.dynamic_sampling=false", "window.max_staleness=1", "checkpoint.every=1"]
 
 
 def _safetensors(directory):

@@ -92,7 +92,7 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "algorithm.max_staleness=1", "algorithm.decoupled=true",
+        "rollout.num_workers=2", "window.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.tis_cap=2.0", "algorithm.dynamic_sampling=false", "replay.max_fraction=0.5",
         "replay.max_lag=2", *SMALL, "loop.steps=4"])
     summary = json.loads(train(config).read_text())
@@ -110,10 +110,11 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode_name", ["multiversion", "buckets"])
+@pytest.mark.parametrize("mode_name", ["multiversion", "bucket"])
 def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
-    """modes/multiversion (eddyrl/configs/modes/multiversion.yaml) (DORA, K = 3) on two Ray rollout workers, and
-    buckets.yaml (the same with Libra's bucket router over a short and a long worker): the
+    """modes/multiversion (eddyrl/configs/modes/multiversion.yaml) (DORA, K = 3) on two Ray
+    rollout workers, and modes/bucket (Libra's bucket router over a short and a long worker, on
+    the one-step pipeline, K = 1): the
     pipeline runs up to K versions ahead and never beyond, every group ends in a final or
     collected state (none left generating or queued: C2), and no prompt is trained twice as
     fresh."""
@@ -137,7 +138,7 @@ def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
     ledger = Ledger.from_dict(json.loads((tmp_path / "checkpoint" / "ledger.json").read_text()))
     counts = ledger.fresh_train_counts_by_prompt(0)
     assert sum(counts.values()) == 6 * 4 and set(counts.values()) <= {0, 1}
-    if mode_name == "buckets":  # routed by prediction; the moves depend on the lengths drawn
+    if mode_name == "bucket":  # routed by prediction; the moves depend on the lengths drawn
         routing = summary["routing"]
         assert routing["policy"] == "bucket"
         # the engines' milestone reports reached the router through Ray, and it predicted
@@ -174,7 +175,7 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "algorithm.max_staleness=1", "algorithm.decoupled=true",
+        "rollout.num_workers=2", "window.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.dynamic_sampling=false", "elastic.enabled=true",
         'elastic.schedule=["2 join 1", "7 leave 1"]', "adaptive.enabled=true",
         "adaptive.window=2", "adaptive.cooldown_steps=2", *SMALL, "loop.steps=10",
@@ -262,7 +263,7 @@ def test_colocated_placement_refuses_what_it_cannot_time_share():
     from eddyrl.config import load_config
     from eddyrl.errors import ConfigError
 
-    for extra, named in [(["algorithm.max_staleness=1"], "max_staleness = 1"),
+    for extra, named in [(["window.max_staleness=1"], "max_staleness = 1"),
                          (["elastic.enabled=true", "rollout.num_workers=2"], "elastic.enabled"),
                          (["rollout.platform=cpu", "train.platform=cuda"], "'cuda'")]:
         with pytest.raises(ConfigError, match=named):
@@ -317,7 +318,7 @@ def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "algorithm.max_staleness=1", *SMALL, "loop.steps=5",
+        "rollout.num_workers=2", "window.max_staleness=1", *SMALL, "loop.steps=5",
         "loop.eval_every=0"])
     summary = json.loads(train(config, on_step=kill_worker_0).read_text())
     assert summary["steps"] == 5

@@ -1,5 +1,5 @@
 """The test tiers (tests/conftest.py): every collected test is in exactly one of fast,
-integration and hardware, `slow` ones in integration; and the rules catch what they should."""
+integration and hardware, no `slow` one in fast; and the rules catch what they should."""
 
 
 def _loads_a_model(path):
@@ -31,7 +31,7 @@ def test_this_check_is_itself_fast(tier_rules, request):
     assert mine and all("fast" in names for names in mine.values()), mine
 
 
-def test_the_check_catches_two_tiers_none_and_slow_outside_integration(tier_rules):
+def test_the_check_catches_two_tiers_none_and_slow_in_fast(tier_rules):
     problems = tier_rules.problems({
         "t.py::two": {"fast", "integration"},
         "t.py::none": {"parametrize"},
@@ -39,9 +39,11 @@ def test_the_check_catches_two_tiers_none_and_slow_outside_integration(tier_rule
         "t.py::three": {"fast", "integration", "hardware"},
         "t.py::slow": {"slow", "integration"},
         "t.py::device": {"hardware"},
+        "t.py::slow_device": {"hardware", "slow"},
         "t.py::logic": {"fast", "timeout"},
     })
-    assert {problem.split(": ")[0] for problem in problems} == {"t.py::two", "t.py::none", "t.py::slow_but_fast", "t.py::three"}, problems
+    assert {problem.split(": ")[0] for problem in problems} == {
+        "t.py::two", "t.py::none", "t.py::slow_but_fast", "t.py::three"}, problems
 
 
 def test_a_model_built_in_a_helper_of_a_helper_makes_a_test_integration(tier_rules):

@@ -6,6 +6,7 @@ unknown key suggests the closest valid one.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,8 +20,8 @@ from .bundled_configs import resolve_config
 from .schema import EddyConfig
 
 
-def _schema() -> DictConfig:
-    return OmegaConf.structured(EddyConfig)
+def _schema(schema: type = EddyConfig) -> DictConfig:
+    return OmegaConf.structured(schema)
 
 
 def _all_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -48,6 +49,9 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
             if not local:  # maybe the right leaf in the wrong section: match on the full key
                 local = did_you_mean(full, _all_keys(_schema()))
             allowed = ", ".join(str(k) for k in schema.keys())
+            if full == "sim":
+                local = (" (the simulated cluster's section: `eddy sim` reads it, a real run "
+                         "has none)")
             raise ConfigError(f"unknown config key {full!r} in {source}{local} "
                               f"(valid keys here: {allowed})")
         child = schema._get_node(key)
@@ -58,7 +62,45 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
             _check_keys(value, child, full + ".", source)
 
 
+# Keys that moved, old -> new. The version window's settings (how far rollout runs ahead of
+# training, and how it streams) were spread over `algorithm`, `loop` and `rollout`; they are one
+# section, `window`, now. An old key still works, with a warning that names the new one.
+RENAMED: dict[str, str] = {
+    "algorithm.max_staleness": "window.max_staleness",
+    "loop.max_inflight_prompts": "window.max_inflight_prompts",
+    "loop.refill": "window.refill",
+    "rollout.partial_rollout": "window.partial_rollout",
+    "rollout.migrate": "window.migrate",
+    "rollout.fill_legacy": "window.fill_legacy",
+}
+
+
+def _move_renamed(tree: dict, source: str) -> dict:
+    """`tree` with every old key of `RENAMED` moved to its new place (warning once per key);
+    an old and a new key given together are refused by name."""
+    for old, new in RENAMED.items():
+        old_section, old_leaf = old.split(".")
+        section = tree.get(old_section)
+        if not isinstance(section, dict) or old_leaf not in section:
+            continue
+        new_section, new_leaf = new.split(".")
+        target = tree.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # reported as a section given a scalar by _check_keys
+        if new_leaf in target:
+            raise ConfigError(f"config keys {old!r} and {new!r} both given in {source}: {old!r} "
+                              f"is the old name of {new!r}; keep only {new!r}")
+        warnings.warn(f"config key {old!r} (in {source}) is deprecated; use {new!r}: the "
+                      "version window's settings are one section, `window`", FutureWarning,
+                      stacklevel=4)
+        target[new_leaf] = section.pop(old_leaf)
+        if not section:
+            del tree[old_section]
+    return tree
+
+
 def _merge(base: DictConfig, tree: dict, source: str) -> DictConfig:
+    tree = _move_renamed(tree, source)
     _check_keys(tree, base, "", source)
     try:
         return OmegaConf.merge(base, OmegaConf.create(tree))
@@ -127,11 +169,14 @@ def parse_overrides(overrides: Sequence[str]) -> dict:
     return tree
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> EddyConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                schema: type = EddyConfig, folder: str | None = None) -> EddyConfig:
     """`path`: a YAML file, or the name of a bundled config (`modes/replay`, `sim/dora_64`:
-    see `bundled_configs.py`); a file that exists wins."""
-    cfg = _schema()
-    path = resolve_config(path)
+    see `bundled_configs.py`; `folder` is where a bare name is looked up first); a file that
+    exists wins. `schema`: the root dataclass, `EddyConfig` or one that extends it (the
+    simulator's `sim.config.SimRunConfig` adds its `sim` section)."""
+    cfg = _schema(schema)
+    path = resolve_config(path, folder)
     if path is not None:
         cfg = _merge(cfg, read_yaml(path), f"'{path}'")
     if overrides:

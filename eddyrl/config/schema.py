@@ -6,14 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from ..checkpoints import CheckpointConfig
-from ..core.config import AlgorithmConfig, LoopConfig
+from ..core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..envs.config import EnvConfig
 from ..models.config import ModelConfig
 from ..observability.config import ObserveConfig
 from ..runtime.config import ClusterConfig
-from ..sim.config import SimConfig
 from ..scheduler.adaptive import AdaptiveConfig
 from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
@@ -36,6 +35,8 @@ class EddyConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    # the version window: K, in-flight groups, refill, partial rollout, DORA's migration/fill
+    window: WindowConfig = field(default_factory=WindowConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
@@ -44,7 +45,6 @@ class EddyConfig:
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes; none: single-turn
     # metrics to TensorBoard / W&B and the worker trace, besides metrics.jsonl
     observe: ObserveConfig = field(default_factory=ObserveConfig)
-    sim: SimConfig = field(default_factory=SimConfig)  # `eddy sim` only: the simulated cluster
 
     def validate(self, prefix: str = "") -> None:
         check_platform_name("platform", self.platform)
@@ -59,6 +59,11 @@ class EddyConfig:
                 f"replay.max_fraction = {self.replay.max_fraction} leaves no fresh group in a "
                 f"batch of loop.batch_prompts = {self.loop.batch_prompts}; every step needs "
                 "fresh data (max_fraction < 1)")
+        algo, window = self.algorithm, self.window
+        if window.max_staleness > 0 and algo.dynamic_sampling and algo.max_refill_rounds > 0:
+            raise contradiction(f"algorithm.max_refill_rounds = {algo.max_refill_rounds} with "
+                                f"window.max_staleness = {window.max_staleness}: refills are "
+                                "generated synchronously; use them only with max_staleness = 0")
         self._check_elastic()
         self._check_routing()
         self._check_colocated()
@@ -73,9 +78,9 @@ class EddyConfig:
         if self.cluster.placement != "colocated":
             return
         key = "cluster.placement = colocated"
-        if self.algorithm.max_staleness > 0:
+        if self.window.max_staleness > 0:
             raise contradiction(
-                f"{key} with algorithm.max_staleness = {self.algorithm.max_staleness}: "
+                f"{key} with window.max_staleness = {self.window.max_staleness}: "
                 "colocated roles take turns on the same devices, so nothing generates while "
                 "the trainer trains; asynchronous training needs cluster.placement = split "
                 "(or set max_staleness = 0)")
@@ -112,9 +117,9 @@ class EddyConfig:
         from ..core.elastic_driver import parse_schedule
 
         if self.adaptive.enabled and self.adaptive.switch_partial_rollout and \
-                self.rollout.fill_legacy:
+                self.window.fill_legacy:
             raise contradiction(
-                "adaptive.switch_partial_rollout = True with rollout.fill_legacy = True: DORA's "
+                "adaptive.switch_partial_rollout = True with window.fill_legacy = True: DORA's "
                 "legacy fill keeps every trajectory on one policy version, which partial "
                 "rollout would break; leave switch_partial_rollout off")
 

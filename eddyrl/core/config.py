@@ -1,4 +1,4 @@
-"""Config sections of the RL algorithm and of the training loop."""
+"""Config sections of the RL algorithm, of the training loop and of the version window."""
 
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ class AlgorithmConfig:
     tis_cap: float | None = None  # truncate that importance weight at this value (e.g. 2.0)
     dual_clip: float | None = None  # bound the objective at dual_clip*A for A < 0 (e.g. 3.0)
     normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
-    # K: largest (trainer version - behaviour version) of trained data. 0 is synchronous
-    # on-policy GRPO; K > 0 generates up to K batches ahead while the trainer trains.
-    max_staleness: int = 0
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal (no signal)
     max_refill_rounds: int = 0  # extra rollout rounds to refill the batch after dropping
 
@@ -31,11 +28,6 @@ class AlgorithmConfig:
         check_range(f"{prefix}.clip_high", self.clip_high, 0, lo_open=True)
         check_range(f"{prefix}.kl_coef", self.kl_coef, 0)
         check_range(f"{prefix}.max_refill_rounds", self.max_refill_rounds, 0)
-        check_range(f"{prefix}.max_staleness", self.max_staleness, 0)
-        if self.max_staleness > 0 and self.dynamic_sampling and self.max_refill_rounds > 0:
-            raise contradiction(f"{prefix}.max_refill_rounds = {self.max_refill_rounds} with "
-                                f"{prefix}.max_staleness = {self.max_staleness}: refills are "
-                                "generated synchronously; use them only with max_staleness = 0")
         if self.tis_cap is not None:
             check_range(f"{prefix}.tis_cap", self.tis_cap, 0, lo_open=True)
         if self.dual_clip is not None:
@@ -49,6 +41,29 @@ class AlgorithmConfig:
 class LoopConfig:
     steps: int = 100
     batch_prompts: int = 16  # prompts (groups) per training step
+    eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
+    eval_temperature: float = 0.0  # 0: greedy held-out accuracy
+    max_seconds: float = 0.0  # stop after the step that crosses this runtime time (0: no limit)
+
+    def validate(self, prefix: str) -> None:
+        check_range(f"{prefix}.steps", self.steps, 0)
+        check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
+        check_range(f"{prefix}.eval_every", self.eval_every, 0)
+        check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
+        check_range(f"{prefix}.max_seconds", self.max_seconds, 0)
+
+
+REFILLS = ("batch", "stream")
+
+
+@dataclass(kw_only=True, slots=True)
+class WindowConfig:
+    """The version window: how far rollout runs ahead of training and how it streams (the
+    asynchronous settings of every mode, in one place: `eddyrl/modes.py`)."""
+
+    # K: largest (trainer version - behaviour version) of trained data. 0 is synchronous
+    # on-policy GRPO; K > 0 generates up to K batches ahead while the trainer trains.
+    max_staleness: int = 0
     # Prompt groups generating at once (DORA's rollout batch size RBS, AReaL's maximum
     # concurrent rollouts); 0: (K + 1) * batch_prompts, every group the staleness bound admits.
     # batch_prompts with K >= 1 is textbook one-step off-policy: one batch generates while the
@@ -57,16 +72,20 @@ class LoopConfig:
     # When new prompt groups are dispatched: "batch": whole training batches, at step
     # boundaries; "stream": as soon as the window has room (a group collected, a step taken),
     # as DORA tops up its rollout batch (AReaL streams the same way).
-    refill: str = "batch"
-    eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
-    eval_temperature: float = 0.0  # 0: greedy held-out accuracy
-    max_seconds: float = 0.0  # stop after the step that crosses this runtime time (0: no limit)
+    refill: str = "batch"  # one of REFILLS
+    # New weights reach running trajectories at the next decode step (per-token versions
+    # recorded) instead of after they finish on the old weights.
+    partial_rollout: bool = False
+    # DORA's assignment (without partial rollout): after each train step, move running
+    # requests of a legacy version off the workers the new version needs (abort there, resume
+    # on a worker that still hosts that version), so each version holds workers in proportion
+    # to its pending requests.
+    migrate: bool = True
+    # ...and fill free slots of workers still busy with a legacy version with new prompts of
+    # that version, where the version window's deadline allows (more stale data, less idling).
+    fill_legacy: bool = False
 
     def validate(self, prefix: str) -> None:
-        check_range(f"{prefix}.steps", self.steps, 0)
-        check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
+        check_range(f"{prefix}.max_staleness", self.max_staleness, 0)
         check_range(f"{prefix}.max_inflight_prompts", self.max_inflight_prompts, 0)
-        check_choice(f"{prefix}.refill", self.refill, ("batch", "stream"))
-        check_range(f"{prefix}.eval_every", self.eval_every, 0)
-        check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
-        check_range(f"{prefix}.max_seconds", self.max_seconds, 0)
+        check_choice(f"{prefix}.refill", self.refill, REFILLS)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..protocol import Group, SamplingParams
 from ..tasks.prompts import Prompt, PromptQueue
-from .config import AlgorithmConfig, LoopConfig
+from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
@@ -51,11 +51,8 @@ class LoopSettings:
     seed: int
     pad_id: int
     replay: ReplayConfig = field(default_factory=ReplayConfig)
-    # the rollout section's settings the loop reads (`rollout.*`)
-    max_batch_size: int = 256  # sequences one worker decodes together
-    partial_rollout: bool = False
-    migrate: bool = True
-    fill_legacy: bool = False
+    window: WindowConfig = field(default_factory=WindowConfig)
+    max_batch_size: int = 256  # sequences one worker decodes together (`rollout.*`)
     elastic: ElasticConfig | None = None  # None: the section's defaults (off)
     adaptive: AdaptiveConfig | None = None
     routing: RoutingConfig | None = None
@@ -220,13 +217,13 @@ class Controller:
         size, room = self.fresh_per_step, self.window.capacity()
         if not size:
             return 0
-        return room if self.settings.loop.refill == "stream" else room // size * size
+        return room if self.settings.window.refill == "stream" else room // size * size
 
     def fill_pipeline(self) -> None:
         """Dispatch fresh groups while the version window admits them at the latest version
         (whole batches, or any number with streaming refill): one batch at a time with K = 0
-        (synchronous), up to K + 1 ahead of training (or `loop.max_inflight_prompts`)
-        otherwise; then, with `rollout.fill_legacy`, fill free slots of workers still busy
+        (synchronous), up to K + 1 ahead of training (or `window.max_inflight_prompts`)
+        otherwise; then, with `window.fill_legacy`, fill free slots of workers still busy
         with a legacy version with new prompts of that version, where their deadline allows
         (DORA's opportunistic fill)."""
         if self.rollout.assignment.latest != self.window.version:
@@ -234,7 +231,7 @@ class Controller:
         n = self.settings.n_samples
         while count := self._dispatchable_groups():
             self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling)
-        if not self.settings.fill_legacy or self.rollout.partial_rollout:
+        if not self.settings.window.fill_legacy or self.rollout.partial_rollout:
             return
         for worker, version, free_slots in self.rollout.assignment.legacy_room():
             count = min(free_slots // n, self.window.capacity(version))
@@ -261,7 +258,7 @@ class Controller:
         if not self.fresh_per_step:
             return [], rollout_metrics([], self.reward.errors)
         generated = await self.rollout.next_batch()
-        # Taking the batch may free in-flight room (loop.max_inflight_prompts): the next batch
+        # Taking the batch may free in-flight room (window.max_inflight_prompts): the next batch
         # starts generating now, while this one trains.
         self.fill_pipeline()
         kept = self._drop_uninformative(generated)

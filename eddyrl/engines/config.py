@@ -25,17 +25,7 @@ class RolloutConfig:
     top_k: int = 0  # 0: off
     max_new_tokens: int = 54  # the longest arith answer (12 terms) fits
     max_batch_size: int = 256  # sequences one worker decodes together
-    # New weights reach running trajectories at the next decode step (per-token versions
-    # recorded) instead of after they finish on the old weights.
-    partial_rollout: bool = False
-    # DORA's assignment (without partial rollout): after each train step, move running
-    # requests of a legacy version off the workers the new version needs (abort there, resume
-    # on a worker that still hosts that version), so each version holds workers in proportion
-    # to its pending requests.
-    migrate: bool = True
-    # ...and fill free slots of workers still busy with a legacy version with new prompts of
-    # that version, where the version window's deadline allows (more stale data, less idling).
-    fill_legacy: bool = False
+    # (partial_rollout, migrate, fill_legacy: the version window's, `window.*`)
 
     def validate(self, prefix: str) -> None:
         from .registry import INFERENCE_ENGINES

@@ -45,7 +45,7 @@ class RolloutWorker:
         self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
                                  max_batch_size=worker_batch_size(
                                      config.routing, index, config.rollout.max_batch_size),
-                                 partial_rollout=config.rollout.partial_rollout)
+                                 partial_rollout=config.window.partial_rollout)
         self.channel: WeightChannel | None = None
         self.engine_receives = False  # the engine takes the weights off the broadcast itself
 

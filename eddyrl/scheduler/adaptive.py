@@ -54,7 +54,7 @@ class AdaptiveConfig:
     concurrency_choices: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     # Whether a plan may turn partial rollout on or off. It changes the algorithm (trajectories
     # then span policy versions, breaking DORA's one-version-per-trajectory), so a plan keeps
-    # the run's `rollout.partial_rollout` unless this is set.
+    # the run's `window.partial_rollout` unless this is set.
     switch_partial_rollout: bool = False
     # The cost model's hardware for plan predictions: a table name (H100, 910B2, ...), or auto
     # (measure this machine when rollout runs on the CPU; no plan predictions otherwise).

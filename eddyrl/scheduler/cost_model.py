@@ -8,7 +8,7 @@ phases (prefill, training, decode at large batch), bytes over HBM bandwidth for 
 one (decode at small batch), bytes over a link for transfers. How far real systems fall short of
 the peaks depends on kernels, shapes and overlap; the model keeps that shortfall explicit, one
 named factor per phase in `Efficiency`, rather than hiding it in the peaks. The defaults come
-from the datasheet's calibration points (/work/shared/HARDWARE.md section 3), and
+from the datasheet's calibration points (the project's hardware sheet, section 3), and
 `fit_efficiency` refits one factor to measured points, so a calibration is one call that prints
 its residuals.
 

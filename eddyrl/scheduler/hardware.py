@@ -1,7 +1,8 @@
 """What the cost model knows about machines and models: per-device peak compute, memory and links,
 and per-model shapes and parameter counts.
 
-The numbers come from /work/shared/HARDWARE.md (the datasheet). Its marks are kept in each entry's
+The numbers come from the vendors' datasheets as the project gathered them. Their marks are
+kept in each entry's
 `source`: ✔ a spec or config value, ~ a secondary source or a derivation, ⚠ uncertain or inferred.
 Peak compute is dense BF16 (the "1979 TFLOP/s" of H100/H200 is the 2:4-sparse figure). Memory
 sizes are decimal (80 GB = 80e9 B), as the vendors print them. Link bandwidths are per device as

@@ -5,7 +5,10 @@ replay, routing, elastic, adaptive): the simulator runs the same controller on t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
+from ..config import EddyConfig, load_config
 from .workload import WorkloadConfig
 from ..validation import check_range, contradiction
 
@@ -88,3 +91,19 @@ class SimConfig:
         for name, value in chosen.items():
             check_range(f"sim.efficiency.{name}", value, 0, 1, lo_open=True)
         return replace(Efficiency(), **chosen) if chosen else None
+
+
+@dataclass(kw_only=True, slots=True)
+class SimRunConfig(EddyConfig):
+    """A simulated run's config: a real run's, plus the simulated cluster (`sim`). Only `eddy
+    sim` and `eddy bench sim` read this section, so only they accept it; the config package
+    knows nothing of the simulator."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+
+
+def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()
+                  ) -> SimRunConfig:
+    """A scenario file, or a bundled scenario's name (`dora_64` or `sim/dora_64`), with
+    overrides, as `config.load_config` loads a real run's."""
+    return load_config(path, overrides, schema=SimRunConfig, folder="sim")

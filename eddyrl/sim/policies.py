@@ -1,54 +1,33 @@
-"""The policies the simulator compares, as settings of one run: each is a set of config
-overrides over the scenario, and every policy sets every dimension it touches (staleness,
-partial rollout, migration, legacy fill, replay, routing), so a scenario's own choices do not
-leak into the comparison.
+"""The policies the simulator compares are the training modes of the mode registry
+(`eddyrl/modes.py`), by the same names and with the same settings as a real run's mode file:
+a policy's config is the scenario, then the registry's `BASE` (every dimension some mode sets,
+at its default, so a scenario's own choices do not leak into the comparison), then the mode's
+own overrides, then, only here, the mode's named scenario hook: what depends on the scenario's
+cluster and workload (`SCENARIO_HOOKS` in the registry says what each sets; this module
+computes them).
 
-- sync: K = 0, the roles on their own devices (the scenario's split). colocated: K = 0 with
-  every device time-shared by both roles (verl's hybrid engine): generation and training each
-  get all of the scenario's devices, in turns.
-- one_step: K = 1 with one batch in flight (textbook one-step off-policy: the
-  next batch generates while the current one trains).
-- partial: partial rollout as verl's fully asynchronous trainer runs it (its "async stream
-  pipeline with partial rollout"; the recipe is Meituan's, as is DORA, whose paper compares
-  against partial rollout): generation streams, running trajectories are interrupted by each
-  weight update and resume on the new weights (re-prefilling their context), and the rollout
-  runs ahead by half a batch (verl's `staleness_threshold` 0.5: in flight at most 1.5
-  training batches); the scenario's K bounds how many versions a trajectory may span (verl
-  sets no such bound).
-- async: K = 3 with partial rollout and streaming refill (AReaL-style: interruptible
-  generation, bounded staleness, prompts topped up as groups finish).
-- multiversion: K = 3, one version per trajectory, consolidation and legacy fill, prompts
-  topped up as groups finish (DORA; its rollout batch is everything the window admits).
-- replay: K = 1 with ReFlow's replay (sigma 0.25, tau 0.5). bucket: K = 1 with Libra's router
-  (a long bucket of instances twice as wide).
-- elastic: K = 1 with the elastic pool and the adaptive scheduler (workers lent to training
-  when training is the bottleneck, each move paying the scenario's cold start).
-- all: multiversion + replay + bucket. all_elastic: that plus the elastic pool and the adaptive
-  scheduler (whose plans set one batch size for every worker, so the long bucket keeps the
-  default one).
+- colocated_devices: both roles get all of the scenario's devices, in turns.
+- partial_window: the scenario's K (at least 1) and half a batch ahead (verl's partial
+  rollout; the recipe is Meituan's, as is DORA, whose paper compares against partial rollout).
+- scenario_workers: the scenario's rollout workers, one per instance.
+- bucket_layout (bucket_layout_unsized): Libra's buckets over the scenario's rollout devices,
+  sized by the decode work its length distribution puts in each (`_bucket`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import EddyConfig, load_config
-from .engine import default_kv_capacity
-from ..scheduler.cost_model import CostModel
-from .workload import ResponseLengths
+from .. import modes
+from ..config.loader import RENAMED
 from ..errors import ConfigError
+from ..scheduler.cost_model import CostModel
+from .config import SimRunConfig, load_scenario
+from .engine import default_kv_capacity
+from .workload import ResponseLengths
 
-_BASE = ["cluster.placement=split", "elastic.enabled=false", "adaptive.enabled=false",
-         "algorithm.max_staleness=0", "rollout.partial_rollout=false", "rollout.migrate=true",
-         "rollout.fill_legacy=false", "replay.max_fraction=0", "routing.policy=none",
-         "algorithm.max_refill_rounds=0", "loop.refill=batch", "loop.max_inflight_prompts=0",
-         "adaptive.switch_partial_rollout=false"]
-_STREAM = ["loop.refill=stream"]
-_REPLAY = ["replay.max_fraction=0.25", "replay.loss_weight=0.5"]
-_ELASTIC = ["elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
-            "adaptive.cooldown_steps=2"]
-_MULTIVERSION = ["algorithm.max_staleness=3", "rollout.fill_legacy=true", *_STREAM]
-_MULTIVERSION_REPLAY = [*_MULTIVERSION, *_REPLAY, "replay.max_lag=4"]
+if TYPE_CHECKING:
+    from ..config import EddyConfig  # noqa: F401 (the hooks read a scenario's sections)
 
 
 def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
@@ -57,7 +36,8 @@ def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
     bucket given devices in proportion to the decode work the workload's length distribution
     puts in it (`_long_work_share`); milestones at half, one and two means. With `sized`, the
     long bucket's batch is sized to its KV cache at its expected context (the adaptive
-    scheduler's plans set one batch size for every worker, so `all_elastic` leaves it out)."""
+    scheduler's plans set one batch size for every worker, so `all_elastic` leaves it out).
+    The router itself (`routing.policy`, `min_observations`, `window`) is the mode's own."""
     rollout, workload = config.sim.rollout, config.sim.workload
     wide = 2 * rollout.tp
     if rollout.devices < rollout.tp + wide:
@@ -78,9 +58,9 @@ def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
     long_batch = max(1, min(rollout.max_batch_size,
                             int(default_kv_capacity(cost) // expected_long)))
     milestones = sorted({max(1, int(mean / 2)), int(mean), int(2 * mean)})
-    return ["routing.policy=bucket", f"rollout.num_workers={short + long}",
+    return [f"rollout.num_workers={short + long}",
             f"routing.milestones=[{','.join(map(str, milestones))}]",
-            "routing.min_observations=8", "routing.rebuild_every=64",
+            "routing.rebuild_every=64",
             f"routing.buckets=[{{name: short, max_tokens: {short_tokens}, workers: {short}}}, "
             f"{{name: long, max_tokens: {longest}, workers: {long}, parallelism: {wide}"
             + (f", max_batch_size: {long_batch}}}]" if sized else "}]")]
@@ -109,8 +89,7 @@ def _colocated(config: EddyConfig) -> list[str]:
                           f"runs on {sim.rollout.accelerator} and training on "
                           f"{sim.train.accelerator}")
     devices = sim.rollout.devices + sim.train.devices
-    return ["cluster.placement=colocated", f"sim.rollout.devices={devices}",
-            f"sim.train.devices={devices}"]
+    return [f"sim.rollout.devices={devices}", f"sim.train.devices={devices}"]
 
 
 # verl's staleness_threshold for its partial-rollout mode: the rollout may run this fraction of
@@ -124,32 +103,63 @@ def _ahead(config: EddyConfig, fraction: float) -> int:
     return max(1, round(config.loop.batch_prompts * (1 + fraction)))
 
 
+def _partial_window(config: EddyConfig) -> list[str]:
+    """verl's partial rollout: the scenario's K bounds how many versions a trajectory may span
+    (verl sets no such bound; at least 1, to overlap at all), half a batch ahead."""
+    return [f"window.max_staleness={max(1, config.window.max_staleness)}",
+            f"window.max_inflight_prompts={_ahead(config, PARTIAL_AHEAD)}"]
+
+
+# the implementations of the registry's scenario hooks (modes.SCENARIO_HOOKS), by name; each is
+# a function of the scenario's config (with the command's overrides, before any mode's)
+SCENARIO_HOOKS: dict[str, Callable[[EddyConfig], list[str]]] = {
+    "colocated_devices": _colocated,
+    "partial_window": _partial_window,
+    "scenario_workers": lambda c: [f"rollout.num_workers={c.rollout.num_workers}"],
+    "bucket_layout": _bucket,
+    "bucket_layout_unsized": lambda c: _bucket(c, sized=False),
+}
+
+# the policies: every mode of the registry
+POLICIES: dict[str, modes.Mode] = modes.MODES
+
 # the synchronous baselines a speed-up is measured against (the faster one present)
 SYNC_BASELINES = ("sync", "colocated")
 
-POLICIES: dict[str, Callable[[EddyConfig], list[str]]] = {
-    "sync": lambda c: [],
-    "colocated": _colocated,
-    "one_step": lambda c: ["algorithm.max_staleness=1",
-                           f"loop.max_inflight_prompts={c.loop.batch_prompts}"],
-    "partial": lambda c: [f"algorithm.max_staleness={max(1, c.algorithm.max_staleness)}",
-                          "rollout.partial_rollout=true", *_STREAM,
-                          f"loop.max_inflight_prompts={_ahead(c, PARTIAL_AHEAD)}"],
-    "async": lambda c: ["algorithm.max_staleness=3", "rollout.partial_rollout=true", *_STREAM],
-    "multiversion": lambda c: _MULTIVERSION,
-    "replay": lambda c: ["algorithm.max_staleness=1", *_REPLAY, "replay.max_lag=2"],
-    "bucket": lambda c: ["algorithm.max_staleness=1", *_bucket(c)],
-    "elastic": lambda c: ["algorithm.max_staleness=1", *_ELASTIC],
-    "all": lambda c: [*_MULTIVERSION_REPLAY, *_bucket(c)],
-    "all_elastic": lambda c: [*_MULTIVERSION_REPLAY, *_bucket(c, sized=False), *_ELASTIC],
-}
 
-
-def policy_config(scenario: str | None, overrides: list[str], policy: str) -> EddyConfig:
+def _mode(policy: str) -> modes.Mode:
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    base = load_config(scenario, overrides)
-    return load_config(scenario, [*overrides, *_BASE, *POLICIES[policy](base)])
+    return POLICIES[policy]
+
+
+def scenario_overrides(scenario: str | None, overrides: list[str], policy: str) -> list[str]:
+    """What the policy's scenario hook adds on this scenario (none for most modes)."""
+    mode = _mode(policy)
+    if mode.scenario is None:
+        return []
+    return SCENARIO_HOOKS[mode.scenario](load_scenario(scenario, overrides))
+
+
+def _current_names(overrides: list[str]) -> list[str]:
+    """The command's overrides with a moved key's old name (`config.loader.RENAMED`) written as
+    its new one, so that the mode's settings (new names) override it: the loader refuses an old
+    and a new name in one list. It warns about the old name when it loads the scenario."""
+    current = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        current.append(f"{RENAMED.get(key, key)}{sep}{value}")
+    return current
+
+
+def policy_config(scenario: str | None, overrides: list[str], policy: str) -> SimRunConfig:
+    """The scenario with the command's overrides, the registry's BASE, the mode's own
+    overrides and its scenario hook's, in that order."""
+    mode = _mode(policy)
+    base = load_scenario(scenario, overrides)  # the scenario as the command sets it
+    extra = SCENARIO_HOOKS[mode.scenario](base) if mode.scenario else []
+    return load_scenario(scenario, [*_current_names(overrides), *modes.BASE, *mode.overrides,
+                                    *extra])
 
 
 def compare(scenario: str | None, overrides: list[str], policies: list[str],

@@ -283,7 +283,7 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
                                   correct_of=workload.correct,
                                   max_batch_size=worker_batch_size(
                                       config.routing, i, sim.rollout.max_batch_size),
-                                  partial_rollout=config.rollout.partial_rollout,
+                                  partial_rollout=config.window.partial_rollout,
                                   trace=timeline.recorder("rollout", i) if timeline else None,
                                   episode_of=workload.episode,
                                   carry_kv=sim.migration == "carry_kv")

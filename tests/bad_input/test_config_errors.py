@@ -60,9 +60,9 @@ def test_bad_values_and_keys_are_named(overrides, message):
     pytest.param(["replay.max_fraction=0.5", "replay.loss_weight=0"],
                  "contradictory settings: replay.max_fraction = 0.5 replays groups but "
                  "replay.loss_weight = 0 gives them no gradient", id="replay-with-no-weight"),
-    pytest.param(["cluster.placement=colocated", "algorithm.max_staleness=1"],
+    pytest.param(["cluster.placement=colocated", "window.max_staleness=1"],
                  "contradictory settings: cluster.placement = colocated with "
-                 "algorithm.max_staleness = 1", id="colocated-async"),
+                 "window.max_staleness = 1", id="colocated-async"),
     pytest.param(["data.train_path=/data/train.jsonl"],
                  "contradictory settings: data.train_path and data.eval_path must be given "
                  "together", id="train-without-eval"),

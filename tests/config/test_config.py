@@ -42,11 +42,11 @@ def test_override_values_are_typed():
     (["replay.max_fraction=1.0"], ["contradictory", "leaves no fresh group"]),
     (["replay.max_fraction=0.25", "replay.max_lag=0"], ["contradictory", "max_lag = 0"]),
     (["algorithm.clip_high=0.1"], ["contradictory", "clip_high"]),
-    (["algorithm.max_staleness=2", "algorithm.max_refill_rounds=1"],
+    (["window.max_staleness=2", "algorithm.max_refill_rounds=1"],
      ["contradictory", "max_refill_rounds"]),
     (["algorithm.dual_clip=0.5"], ["'algorithm.dual_clip' = 0.5"]),
     (["rollout.num_workers=2", "elastic.enabled=true", "adaptive.enabled=true",
-      "adaptive.switch_partial_rollout=true", "rollout.fill_legacy=true"],
+      "adaptive.switch_partial_rollout=true", "window.fill_legacy=true"],
      ["contradictory", "switch_partial_rollout", "one policy version"]),
     (["data.prompt_overflow=cut"], ["'data.prompt_overflow' = 'cut'", "'truncate'"]),
     (["data.train_path=/x.jsonl"], ["contradictory", "given together"]),
@@ -103,11 +103,14 @@ def test_cli_errors_are_one_line_without_traceback(capsys):
 
 def test_shipped_configs_load():
     from eddyrl.config import bundled_root
+    from eddyrl.sim.config import load_scenario
 
     configs = sorted(bundled_root().rglob("*.yaml"))
     assert configs, "eddyrl/configs/ holds no YAML file"
     for path in configs:
-        if path.parent.name != "recipes":  # they name model files: test_recipes.py loads them
+        if path.parent.name == "sim":  # scenarios: `eddy sim` reads them, with their section
+            load_scenario(path)
+        elif path.parent.name != "recipes":  # they name model files: test_recipes.py does
             load_config(path)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from eddyrl.core.config import AlgorithmConfig, LoopConfig
+from eddyrl.core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from eddyrl.build import build_controller
 from eddyrl.core.controller import LoopSettings
 from eddyrl.core.ledger import State
@@ -172,7 +172,8 @@ def test_bounded_staleness_keeps_c1_c2_c3(setup, tiny_model_dir, staleness):
     runtime = SyncingRuntime(setup[2].engine, tiny_model_dir)
     settings = LoopSettings(
         loop=LoopConfig(steps=4, batch_prompts=2, eval_every=0),
-        algorithm=AlgorithmConfig(max_staleness=staleness, dynamic_sampling=False),
+        algorithm=AlgorithmConfig(dynamic_sampling=False),
+        window=WindowConfig(max_staleness=staleness),
         sampling=SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,)),
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id)
     controller = build_controller(settings, runtime, prompts, prompts,
@@ -231,10 +232,11 @@ def test_multiversion_rollout_migrates_legacy_work_and_keeps_c1_c2_c3(setup, tin
     runtime = MigrationCountingRuntime(engines, tiny_model_dir)
     settings = LoopSettings(
         loop=LoopConfig(steps=8, batch_prompts=2, eval_every=0),
-        algorithm=AlgorithmConfig(max_staleness=3, dynamic_sampling=False),
+        algorithm=AlgorithmConfig(dynamic_sampling=False),
+        window=WindowConfig(max_staleness=3, migrate=True, fill_legacy=fill_legacy),
         sampling=SamplingParams(max_new_tokens=48),  # no stop token: lengths vary by prompt
         n_samples=3, seed=0, pad_id=tokenizer.pad_token_id,
-        max_batch_size=64, migrate=True, fill_legacy=fill_legacy,
+        max_batch_size=64,
         routing=RoutingConfig(policy=routing, milestones=[8, 16, 32], min_observations=2,
                               rebuild_every=2, buckets=[BucketSpec("short", 24),
                                                         BucketSpec("long", 48)]))

@@ -141,7 +141,7 @@ def test_eddy_train_runs_calculator_episodes_on_ray(tool_model_dir, tmp_path):
     config = load_config(overrides=[
         *TOOL_TASK, f"model.path={tool_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
         "loop.steps=3", "loop.batch_prompts=4", "loop.eval_every=0", "rollout.n_samples=4",
-        "algorithm.max_staleness=1", "algorithm.dynamic_sampling=false",
+        "window.max_staleness=1", "algorithm.dynamic_sampling=false",
         "cluster.threads_per_worker=1"])
     summary = json.loads(train(config).read_text())
     assert summary["steps"] == 3

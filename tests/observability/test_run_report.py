@@ -84,7 +84,8 @@ def test_a_resumed_run_continues_the_time_axis(tmp_path):
 def test_idle_ratio_from_a_simulator_trace_agrees_with_the_simulator(tmp_path):
     """The simulator writes the same trace format and counts idle time itself: `eddy report`'s
     reading of its trace gives the same rollout idle ratio."""
-    from eddyrl.config import bundled, load_config
+    from eddyrl.config import bundled
+    from eddyrl.sim.config import load_scenario as load_config
     from eddyrl.observability.report import idle_by_role
     from eddyrl.sim.runtime import simulate
 

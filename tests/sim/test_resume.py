@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eddyrl import checkpoints, resume
-from eddyrl.config import load_config
+from eddyrl.sim.config import load_scenario as load_config
 from eddyrl.core import run_state
 from eddyrl.core.ledger import State
 from eddyrl.sim.runtime import build
@@ -93,7 +93,7 @@ def test_groups_in_flight_at_the_checkpoint_are_generated_again_exactly_once(tmp
     group queued is trained once as fresh or still in flight at the end, none twice."""
     config = load_config(overrides=[
         *SCENARIO, "replay.max_fraction=0", "algorithm.dynamic_sampling=false",
-        "algorithm.max_staleness=2", f"loop.refill={refill}", "sim.workload.prompts=16"])
+        "window.max_staleness=2", f"window.refill={refill}", "sim.workload.prompts=16"])
     _straight_run(config, tmp_path, at_steps={3})
     resumed, point, requeued = _resumed_run(config, tmp_path)
     before = point.state.ledger["groups"]

@@ -13,7 +13,8 @@ SMALL = ["sim.rollout.devices=4", "sim.train.devices=2", "rollout.num_workers=4"
 
 
 def test_every_bundled_scenario_loads_and_names_a_cluster():
-    from eddyrl.config import bundled_root, load_config
+    from eddyrl.config import bundled_root
+    from eddyrl.sim.config import load_scenario as load_config
 
     folder = bundled_root() / "sim"
     names = sorted(p.stem for p in folder.glob("*.yaml"))
@@ -40,7 +41,7 @@ def test_an_unknown_scenario_lists_the_known_ones(capsys):
 
 def test_policies_set_every_dimension_whatever_the_scenario_chose():
     sync = policy_config("sim/libra_48", [], "sync")  # the scenario routes
-    assert sync.routing.policy == "none" and sync.algorithm.max_staleness == 0
+    assert sync.routing.policy == "none" and sync.window.max_staleness == 0
     everything = policy_config("sim/libra_48", [], "all")
     assert everything.routing.policy == "bucket" and everything.replay.max_fraction == 0.25
     # its 32 rollout devices, as the policy lays them out: long instances twice as wide
@@ -75,7 +76,7 @@ def test_bench_sim_compares_policies_side_by_side(tmp_path, capsys):
 def test_the_timeline_shows_a_worker_lent_to_training(tmp_path):
     """The elastic pool's role changes are on the lent worker's own track: its cold start
     each way and its time as a training replica."""
-    from eddyrl.config import load_config
+    from eddyrl.sim.config import load_scenario as load_config
     from eddyrl.sim.runtime import Timeline, build
     from eddyrl.sim.clock import run_virtual
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from eddyrl.config import load_config
+from eddyrl.sim.config import load_scenario as load_config
 from eddyrl.sim.policies import PARTIAL_AHEAD, _long_work_share, policy_config
 from eddyrl.scheduler.cost_model import CostModel
 from eddyrl.sim.workload import ResponseLengths
@@ -16,12 +16,12 @@ DORA = "sim/dora_64"  # the bundled eddyrl/configs/sim/dora_64.yaml
 def test_partial_streams_with_partial_rollout_half_a_batch_ahead_within_the_scenarios_k():
     scenario = load_config(DORA)
     partial = policy_config(DORA, [], "partial")
-    assert partial.rollout.partial_rollout and partial.loop.refill == "stream"
-    assert partial.algorithm.max_staleness == scenario.algorithm.max_staleness == 3
-    assert partial.loop.max_inflight_prompts == round(512 * (1 + PARTIAL_AHEAD)) == 768
+    assert partial.window.partial_rollout and partial.window.refill == "stream"
+    assert partial.window.max_staleness == scenario.window.max_staleness == 3
+    assert partial.window.max_inflight_prompts == round(512 * (1 + PARTIAL_AHEAD)) == 768
     # a synchronous scenario still gets one step of lag to overlap with
-    assert policy_config(DORA, ["algorithm.max_staleness=0"], "partial") \
-        .algorithm.max_staleness == 1
+    assert policy_config(DORA, ["window.max_staleness=0"], "partial") \
+        .window.max_staleness == 1
 
 
 def _sample(lengths: ResponseLengths, n: int = 200_000) -> list[float]:
@@ -62,6 +62,6 @@ def test_all_elastic_adds_the_elastic_pool_and_leaves_the_batch_to_the_adaptive_
     everything = policy_config(DORA, [], "all_elastic")
     assert everything.elastic.enabled and everything.adaptive.enabled
     assert not everything.adaptive.switch_partial_rollout  # DORA's one version per trajectory
-    assert everything.rollout.fill_legacy and everything.replay.max_fraction == 0.25
+    assert everything.window.fill_legacy and everything.replay.max_fraction == 0.25
     assert all(b.max_batch_size is None for b in everything.routing.buckets)
     assert policy_config(DORA, [], "all").routing.buckets[-1].max_batch_size is not None

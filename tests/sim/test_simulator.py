@@ -3,7 +3,7 @@ seed, the same classes as a Ray run, and a multi-version run keeping C1–C3 and
 
 import pytest
 
-from eddyrl.config import load_config
+from eddyrl.sim.config import load_scenario as load_config
 from eddyrl.sim.runtime import build, simulate
 from eddyrl.scheduler.cost_model import CostModel
 
@@ -41,11 +41,11 @@ def test_a_sync_step_equals_the_hand_computed_time():
 
 
 def test_one_batch_in_flight_overlaps_generation_with_training():
-    """Textbook one-step off-policy (K = 1, loop.max_inflight_prompts = the batch): the next
+    """Textbook one-step off-policy (K = 1, window.max_inflight_prompts = the batch): the next
     batch generates while the current one trains, so a steady step takes max(rollout,
     train + sync), and every batch is exactly one version old."""
     summary = simulate(load_config(overrides=[
-        *BY_HAND, "loop.steps=4", "algorithm.max_staleness=1", "loop.max_inflight_prompts=1"]))
+        *BY_HAND, "loop.steps=4", "window.max_staleness=1", "window.max_inflight_prompts=1"]))
     rollout, train, sync = _by_hand()
     steps = summary["history"][1:]
     assert [m["staleness_max"] for m in steps] == [0, 1, 1, 1]
@@ -93,7 +93,7 @@ def test_the_colocated_policy_gives_each_role_every_device():
         ("split", 4, 2)
     assert (shared.cluster.placement, shared.sim.rollout.devices, shared.sim.train.devices) == \
         ("colocated", 6, 6)
-    assert shared.algorithm.max_staleness == 0
+    assert shared.window.max_staleness == 0
 
 
 @pytest.mark.parametrize("inflight", [0, 24])
@@ -102,9 +102,9 @@ def test_streaming_refill_keeps_c3_and_the_ledger(inflight):
     more in flight than allowed, staleness within K, every group trained once."""
     config = load_config(overrides=[
         *SMALL, "sim.rollout.devices=4", "sim.train.devices=4", "loop.steps=6",
-        "loop.batch_prompts=16", "rollout.n_samples=4", "algorithm.max_staleness=2",
-        "rollout.fill_legacy=true", "sim.workload.max_response_tokens=8000",
-        "loop.refill=stream", f"loop.max_inflight_prompts={inflight}"])
+        "loop.batch_prompts=16", "rollout.n_samples=4", "window.max_staleness=2",
+        "window.fill_legacy=true", "sim.workload.max_response_tokens=8000",
+        "window.refill=stream", f"window.max_inflight_prompts={inflight}"])
     summary = simulate(config)
     steps = summary["history"][1:]
     assert max(m["staleness_max"] for m in steps) <= 2
@@ -117,7 +117,7 @@ def _summary(seed, steps=3):
     config = load_config(overrides=[
         *SMALL, "sim.rollout.devices=4", "sim.train.devices=4", f"seed={seed}",
         f"loop.steps={steps}", "loop.batch_prompts=16", "rollout.n_samples=4",
-        "algorithm.max_staleness=2", "rollout.fill_legacy=true",
+        "window.max_staleness=2", "window.fill_legacy=true",
         "sim.workload.max_response_tokens=8000"])
     return simulate(config)
 
@@ -162,7 +162,7 @@ def test_the_elastic_pool_and_adaptive_scheduler_run_in_the_simulator():
     borrows a rollout worker, which pays its cold start, joins as a replica (training steps get
     shorter) and is given back when the ratio turns; C3 and the ledger hold."""
     config = load_config("sim/reflow_8", [
-        "sim.rollout.devices=4", "sim.train.devices=1", "algorithm.max_staleness=1",
+        "sim.rollout.devices=4", "sim.train.devices=1", "window.max_staleness=1",
         "elastic.enabled=true", "adaptive.enabled=true", "adaptive.window=2",
         "adaptive.cooldown_steps=2", "loop.steps=10", "loop.batch_prompts=32",
         "sim.workload.max_response_tokens=8000", "sim.workload.eval_prompts=4"])
