@@ -11,12 +11,14 @@ Every package may import this module and it imports none of them, so `core/`, `e
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 if TYPE_CHECKING:
     import torch
 
 # ---- generation: the inference-engine contract's request and result ---------------------
+
+FinishReason = Literal["stop", "length", "abort", "refused", "progress"]
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -68,7 +70,7 @@ class GenerationResult:
     # started because the version it needs is gone from this engine (output = what it came with);
     # "progress": not an end, a note that the request reached a `report_at` length (the output
     # so far, copied); its end comes later
-    finish_reason: str
+    finish_reason: FinishReason
     # Which tokens are trained: 1 generated, 0 appended by an environment between turns (their
     # log-probs are placeholders). None: every token is generated (single-turn).
     loss_mask: list[int] | None = None

@@ -6,6 +6,9 @@ unknown key suggests the closest valid one.
 
 from __future__ import annotations
 
+import copy
+import functools
+import typing
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,12 +18,19 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
-from ..validation import did_you_mean
+from ..validation import check_choice, did_you_mean
 from .bundled_configs import resolve_config
 from .schema import EddyConfig
 
 
 def _schema(schema: type = EddyConfig) -> DictConfig:
+    """A fresh copy of the root schema's tree: building it from the dataclasses is most of a
+    load's time (~30 ms), copying the built one a sixth of it."""
+    return copy.deepcopy(_built_schema(schema))
+
+
+@functools.cache
+def _built_schema(schema: type) -> DictConfig:
     return OmegaConf.structured(schema)
 
 
@@ -55,6 +65,9 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
             raise ConfigError(f"unknown config key {full!r} in {source}{local} "
                               f"(valid keys here: {allowed})")
         child = schema._get_node(key)
+        choices = _literal_choices(child)
+        if choices is not None and value is not None:
+            check_choice(full, value, choices)  # the message every choice key gives
         if isinstance(child, DictConfig):
             if value is not None and not isinstance(value, dict):
                 raise ConfigError(f"config key {full!r} in {source} is a section; expected a "
@@ -97,6 +110,12 @@ def _move_renamed(tree: dict, source: str) -> dict:
         if not section:
             del tree[old_section]
     return tree
+
+
+def _literal_choices(node: Any) -> tuple | None:
+    """The allowed values of a `Literal`-typed key, else None."""
+    ref_type = getattr(getattr(node, "_metadata", None), "ref_type", None)
+    return typing.get_args(ref_type) if typing.get_origin(ref_type) is typing.Literal else None
 
 
 def _merge(base: DictConfig, tree: dict, source: str) -> DictConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from ..validation import check_choice, check_range, contradiction
 
@@ -53,7 +54,8 @@ class LoopConfig:
         check_range(f"{prefix}.max_seconds", self.max_seconds, 0)
 
 
-REFILLS = ("batch", "stream")
+Refill = Literal["batch", "stream"]
+REFILLS = get_args(Refill)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -72,7 +74,7 @@ class WindowConfig:
     # When new prompt groups are dispatched: "batch": whole training batches, at step
     # boundaries; "stream": as soon as the window has room (a group collected, a step taken),
     # as DORA tops up its rollout batch (AReaL streams the same way).
-    refill: str = "batch"  # one of REFILLS
+    refill: Refill = "batch"
     # New weights reach running trajectories at the next decode step (per-token versions
     # recorded) instead of after they finish on the old weights.
     partial_rollout: bool = False

@@ -9,7 +9,8 @@ At each step boundary the driver
    streaming rollout, and reports back what finished since the last boundary;
 3. names the joined replicas whose gradients count in the next step (`replicas`).
 
-Nothing here makes a step wait for a migration. What takes time — sleeping an engine and
+Nothing here makes a step wait for a worker to be lent or given back (Libra's "worker
+migration"; in Eddy migration is only a request's move, `migration.py`). What takes time — sleeping an engine and
 building a replica, waking it and loading weights — runs as background tasks whose results
 are picked up at a later boundary; the state fetch is the weight sync every rollout worker gets
 anyway. On the critical path are only cheap queries (a replica's weight version).

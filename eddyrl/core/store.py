@@ -1,6 +1,6 @@
 """The experience store: a columnar table of samples that producers fill and consumers drain.
 
-AsyncFlow's TransferQueue idea (RESEARCH.md section 2) as a sans-IO object: no threads, no clock,
+AsyncFlow's TransferQueue idea (its experience store) as a sans-IO object: no threads, no clock,
 no Ray. Rows are samples with a global integer index; columns are named fields ("response",
 "reward", "logprobs", ...). A producer writing a column marks it ready for that row; a consumer
 asks for the groups whose rows have every column it needs and that it has not consumed yet.

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from ..validation import check_choice, check_positive, check_range
+
+
+WeightChannelKind = Literal["auto", "collective", "object_store", "host"]
 
 
 def check_platform_name(key: str, name: str | None) -> None:
@@ -52,7 +56,7 @@ class TrainConfig:
     micro_batch_size: int = 64  # sequences per forward/backward on one rank
     mini_batches: int = 1  # optimizer steps per RL step (PPO-style updates over the batch)
     bucket_mb: int = 64  # weight-sync bucket size
-    weight_channel: str = "auto"  # auto: as the platforms agree; or force one (for tests)
+    weight_channel: WeightChannelKind = "auto"  # auto: as the platforms agree; or force one (for tests)
 
     def validate(self, prefix: str) -> None:
         from .registry import TRAIN_ENGINES
@@ -67,4 +71,4 @@ class TrainConfig:
         check_range(f"{prefix}.mini_batches", self.mini_batches, 1)
         check_range(f"{prefix}.bucket_mb", self.bucket_mb, 1)
         check_choice(f"{prefix}.weight_channel", self.weight_channel,
-                     ["auto", "collective", "object_store", "host"])
+                     get_args(WeightChannelKind))

@@ -2,11 +2,11 @@
 
 from .base import DeviceProperties, MemoryInfo, Platform
 from .registry import AUTO, ENTRY_POINT_GROUP, ENV_VAR, detect, get_platform, known_platforms
-from .weight_channel import (BucketSpec, CollectiveChannel, HostChannel, WeightChannel,
+from .weight_channel import (CollectiveChannel, HostChannel, WeightBucketSpec, WeightChannel,
                              iter_buckets, open_weight_channel)
 
 __all__ = [
-    "AUTO", "ENTRY_POINT_GROUP", "ENV_VAR", "BucketSpec", "CollectiveChannel", "DeviceProperties",
-    "HostChannel", "MemoryInfo", "Platform", "WeightChannel", "detect", "get_platform",
-    "iter_buckets", "known_platforms", "open_weight_channel",
+    "AUTO", "ENTRY_POINT_GROUP", "ENV_VAR", "CollectiveChannel", "DeviceProperties",
+    "HostChannel", "MemoryInfo", "Platform", "WeightBucketSpec", "WeightChannel", "detect",
+    "get_platform", "iter_buckets", "known_platforms", "open_weight_channel",
 ]

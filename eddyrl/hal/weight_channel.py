@@ -9,7 +9,7 @@ Three channels, chosen by the sender's `Platform.weight_channel_kind(receiver)`:
   memory the same way, then copied onto the receiver's device.
 
 A transfer is a sequence of buckets. For each, the sender calls `describe(bucket)` to get a
-`BucketSpec` the runtime delivers to the receivers, and `send(bucket)`; each receiver calls
+`WeightBucketSpec` the runtime delivers to the receivers, and `send(bucket)`; each receiver calls
 `receive(spec)`. For `collective`, `send` and `receive` are the two ends of a broadcast and must
 run concurrently; for the host channels the spec carries the tensors and `send` does nothing.
 """
@@ -26,7 +26,7 @@ from .base import Platform
 
 
 @dataclass(slots=True)
-class BucketSpec:
+class WeightBucketSpec:
     names: list[str]
     dtypes: list[torch.dtype]
     shapes: list[tuple[int, ...]]
@@ -50,8 +50,8 @@ def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
         yield bucket
 
 
-def _spec(bucket: dict[str, torch.Tensor]) -> BucketSpec:
-    return BucketSpec(names=list(bucket), dtypes=[t.dtype for t in bucket.values()],
+def _spec(bucket: dict[str, torch.Tensor]) -> WeightBucketSpec:
+    return WeightBucketSpec(names=list(bucket), dtypes=[t.dtype for t in bucket.values()],
                       shapes=[tuple(t.shape) for t in bucket.values()],
                       nbytes=sum(t.numel() * t.element_size() for t in bucket.values()))
 
@@ -59,13 +59,13 @@ def _spec(bucket: dict[str, torch.Tensor]) -> BucketSpec:
 class WeightChannel:
     kind = "abstract"
 
-    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+    def describe(self, bucket: dict[str, torch.Tensor]) -> WeightBucketSpec:
         raise NotImplementedError
 
     def send(self, bucket: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
-    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+    def receive(self, spec: WeightBucketSpec) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -79,7 +79,7 @@ class HostChannel(WeightChannel):
     receiver: Platform
     kind: str = "object_store"
 
-    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+    def describe(self, bucket: dict[str, torch.Tensor]) -> WeightBucketSpec:
         spec = _spec(bucket)
         spec.tensors = {name: t.detach().to("cpu").contiguous() for name, t in bucket.items()}
         return spec
@@ -87,7 +87,7 @@ class HostChannel(WeightChannel):
     def send(self, bucket: dict[str, torch.Tensor]) -> None:
         pass  # the spec already holds the data
 
-    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+    def receive(self, spec: WeightBucketSpec) -> dict[str, torch.Tensor]:
         if spec.tensors is None:
             raise ValueError("host weight channel got a bucket spec without tensors")
         device = self.receiver.device(self.receiver.local_rank())
@@ -115,7 +115,7 @@ class CollectiveChannel(WeightChannel):
         group = platform.new_standalone_group(store, rank, world_size, timeout_s)
         return cls(platform=platform, group=group, rank=rank)
 
-    def describe(self, bucket: dict[str, torch.Tensor]) -> BucketSpec:
+    def describe(self, bucket: dict[str, torch.Tensor]) -> WeightBucketSpec:
         return _spec(bucket)
 
     def send(self, bucket: dict[str, torch.Tensor]) -> None:
@@ -123,7 +123,7 @@ class CollectiveChannel(WeightChannel):
         for tensor in bucket.values():
             self.group.broadcast(tensor.detach().to(device).contiguous(), 0).wait()
 
-    def receive(self, spec: BucketSpec) -> dict[str, torch.Tensor]:
+    def receive(self, spec: WeightBucketSpec) -> dict[str, torch.Tensor]:
         device = self.platform.device(self.platform.local_rank())
         out = {}
         for name, dtype, shape in zip(spec.names, spec.dtypes, spec.shapes):

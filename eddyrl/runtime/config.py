@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from ..validation import check_choice, check_range
+
+
+Placement = Literal["split", "colocated"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -19,11 +23,11 @@ class ClusterConfig:
     # share one device and take turns (verl's hybrid engine): the engine sleeps while the
     # trainer trains, the trainer's state waits in host memory while the engine generates.
     # Synchronous only; it lets one device run `eddy train`.
-    placement: str = "split"
+    placement: Placement = "split"
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:
             check_range(f"{prefix}.num_cpus", self.num_cpus, 1)
         check_range(f"{prefix}.threads_per_worker", self.threads_per_worker, 0)
         check_range(f"{prefix}.timeout_s", self.timeout_s, 0, lo_open=True)
-        check_choice(f"{prefix}.placement", self.placement, ["split", "colocated"])
+        check_choice(f"{prefix}.placement", self.placement, get_args(Placement))

@@ -13,7 +13,7 @@ from ..protocol import GenerationRequest, GenerationResult, TrainBatch
 from ..core.losses import make_policy_loss
 from ..engines.registry import load_engine_class
 from ..engines.training.replica import GradientReplica
-from ..hal import BucketSpec, WeightChannel, get_platform, open_weight_channel
+from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_channel
 from ..scheduler.buckets import worker_batch_size
 from .placement import role_platform_name
 
@@ -108,7 +108,7 @@ class RolloutWorker:
                                            world_size=world, rendezvous=rendezvous, kind=kind,
                                            timeout_s=timeout_s)
 
-    async def load_weights(self, version: int, specs: list[BucketSpec],
+    async def load_weights(self, version: int, specs: list[WeightBucketSpec],
                            hold: bool = False) -> int:
         """Receive each bucket through the channel and load it (`hold`: staged even if idle,
         see `InferenceEngine.load_weights`); returns the version the engine now hosts. Lent to
@@ -253,7 +253,7 @@ class TrainerRank:
                                                world_size=world, rendezvous=rendezvous,
                                                kind=kind, timeout_s=self.config.cluster.timeout_s)
 
-    def describe_weights(self) -> list[BucketSpec]:
+    def describe_weights(self) -> list[WeightBucketSpec]:
         """Host channels: the buckets themselves (rank 0); collective: after `send_weights`."""
         bucket_bytes = self.config.train.bucket_mb * 2**20
         buckets = list(self.engine.export_weights(bucket_bytes))  # collective on all ranks

@@ -32,11 +32,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 from ..validation import check_choice, check_range, contradiction
 
-SMOOTHING = ("ema", "median")
+Smoothing = Literal["ema", "median"]
+SMOOTHING = get_args(Smoothing)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,7 +50,7 @@ class AdaptiveConfig:
     horizon_steps: int = 20  # steps a new plan is expected to run: its saving is counted over them
     reconfiguration_cost_s: float = 15.0  # assumed (Libra's ~15 s) until one is measured
     cooldown_steps: int = 10  # no change for this many steps after one
-    smoothing: str = "ema"  # "ema" (alpha = 2 / (window + 1)) or "median" of the last window
+    smoothing: Smoothing = "ema"  # "ema" (alpha = 2 / (window + 1)) or "median" of the last window
     window: int = 8  # steps of smoothing; also measurements needed after a change
     concurrency_choices: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     # Whether a plan may turn partial rollout on or off. It changes the algorithm (trajectories

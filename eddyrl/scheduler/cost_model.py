@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..validation import check_choice, check_positive, check_range
 from .hardware import Accelerator, ModelSpec, lookup_accelerator, lookup_model
 
-MOE_TRAIN_MFU = 0.25  # HARDWARE.md 3b: MoE trains at 20-30 % MFU (C6-C8)
+MOE_TRAIN_MFU = 0.25  # datasheet 3b: MoE trains at 20-30 % MFU (C6-C8)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,12 +251,12 @@ class Measurement:
                 f"{self.quantity}({arguments})")
 
 
-# HARDWARE.md 3a [C1]: H100 SXM, vLLM, chat, TP1, batch 8. The benchmark gives no context length;
+# datasheet 3a [C1]: H100 SXM, vLLM, chat, TP1, batch 8. The benchmark gives no context length;
 # 600 assumes a ~300-token prompt plus half of the ~640 output tokens (at batch 8 the KV cache is
 # 4-5 % of the bytes read, so the fit hardly depends on it).
 H100_DECODE_POINTS = tuple(
     Measurement.decode("H100", model, batch=8, mean_context=600, tokens_per_second=rate,
-                       source="HARDWARE.md 3a [C1]")
+                       source="datasheet 3a [C1]")
     for model, rate in (("Qwen3-8B", 962), ("Qwen3-14B", 627), ("Qwen3-32B", 312)))
 
 

@@ -57,7 +57,7 @@ def _gbit(gigabits_per_second: float) -> float:
     return gigabits_per_second * GB / 8
 
 
-# HARDWARE.md section 1. Inter-node is one NIC per device (8 per node): 400 Gb/s IB is 50 GB/s.
+# Datasheet section 1. Inter-node is one NIC per device (8 per node): 400 Gb/s IB is 50 GB/s.
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     Accelerator(name="H100", peak_flops=989 * TERA, hbm_bytes=80 * GB, hbm_bandwidth=3.35 * TERA,
                 intra_node_bandwidth=900 * GB, inter_node_bandwidth=_gbit(400),
@@ -255,7 +255,7 @@ def _qwen_config(model_type: str, layers: int, hidden: int, intermediate: int, h
     return config
 
 
-# HARDWARE.md section 2: config.json values ✔ [M1], Qwen3-1.7B [M2]. Qwen3-8B is not in the sheet:
+# Datasheet section 2: config.json values ✔ [M1], Qwen3-1.7B [M2]. Qwen3-8B is not in the sheet:
 # its public config (used by the sheet's decode calibration points, section 3a).
 # Columns: model_type, layers, hidden, intermediate, heads, kv_heads, vocab, tied[, experts, top-k].
 _QWEN_CONFIG_ROWS: dict[str, tuple[Any, ...]] = {

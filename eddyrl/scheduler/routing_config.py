@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from ..errors import ConfigError
 from ..validation import check_choice, check_range, contradiction
 
-POLICIES = ("none", "bucket", "round_robin", "least_load", "fifo")  # none: no router in a run
+RoutingPolicy = Literal["none", "bucket", "round_robin", "least_load", "fifo"]
+POLICIES = get_args(RoutingPolicy)  # none: no router in a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ def _default_buckets() -> list[BucketSpec]:
 class RoutingConfig:
     # none: the version assignment alone places requests (least loaded); bucket: Libra;
     # round_robin, least_load, fifo: baselines of the same router, for comparison
-    policy: str = "none"
+    policy: RoutingPolicy = "none"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)  # by max_tokens, rising
     window: int = 200  # observations each tree node keeps
     rebuild_every: int = 100  # finished requests between refreshes of the node statistics

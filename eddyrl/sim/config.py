@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from ..config import EddyConfig, load_config
 from .workload import WorkloadConfig
 from ..validation import check_range, contradiction
+
+
+WeightLink = Literal["inter_node", "intra_node", "host"]
+SimMigration = Literal["recompute", "carry_kv"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,14 +58,14 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     # weights cross to rollout over the NIC (inter_node), NVLink/HCCS (intra_node), or through
     # host memory when the two roles are different vendors' devices (host: PCIe both ways)
-    weight_link: str = "inter_node"
+    weight_link: WeightLink = "inter_node"
     host_link_bandwidth: float = 25e9  # B/s per device, for weight_link = host
     # elastic pool: a worker changing role pays a cold start each way: this fixed set-up
     # (memory release, process group, allocator warm-up) plus loading its weight shard
     move_setup_s: float = 10.0
     # a migrated request's KV cache: recomputed on the target (what every engine here does),
     # or carried over the network (DORA's instances of one version exchange caches)
-    migration: str = "recompute"
+    migration: SimMigration = "recompute"
     # the cost model's efficiency factors where a scenario is calibrated (None: the default)
     efficiency: SimEfficiency = field(default_factory=lambda: SimEfficiency())
 
@@ -73,11 +77,10 @@ class SimConfig:
         self.rollout.validate(f"{prefix}.rollout")
         self.train.validate(f"{prefix}.train")
         self.workload.validate(f"{prefix}.workload")
-        check_choice(f"{prefix}.weight_link", self.weight_link,
-                     ["inter_node", "intra_node", "host"])
+        check_choice(f"{prefix}.weight_link", self.weight_link, get_args(WeightLink))
         check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
         check_range(f"{prefix}.move_setup_s", self.move_setup_s, 0)
-        check_choice(f"{prefix}.migration", self.migration, ["recompute", "carry_kv"])
+        check_choice(f"{prefix}.migration", self.migration, get_args(SimMigration))
         self.efficiency_factors()  # out-of-range values are named
 
     def efficiency_factors(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from ..validation import check_choice, check_range, contradiction
 from ..errors import ConfigError
@@ -14,6 +15,9 @@ from .formats import FORMATS
 # single-turn) and `tool_add` (tasks/tool_task.py: sums too long to add without the calculator
 # environment, `env.name = calculator`).
 TASKS = ("arith", "tool_add")
+
+
+PromptOverflow = Literal["error", "truncate"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,7 +50,7 @@ class DataConfig:
     # A reward call running longer scores 0, counted in reward_errors (None: no limit)
     reward_timeout_s: float | None = 60.0
     max_prompt_tokens: int = 96
-    prompt_overflow: str = "error"  # a longer prompt: "error", or "truncate" (keep the end)
+    prompt_overflow: PromptOverflow = "error"  # a longer prompt: "error", or "truncate" (keep the end)
 
     def validate(self, prefix: str) -> None:
         check_choice(f"{prefix}.task", self.task, list(TASKS))
@@ -55,7 +59,7 @@ class DataConfig:
         check_range(f"{prefix}.train_size", self.train_size, 1)
         check_range(f"{prefix}.eval_size", self.eval_size, 1)
         check_range(f"{prefix}.max_prompt_tokens", self.max_prompt_tokens, 1)
-        check_choice(f"{prefix}.prompt_overflow", self.prompt_overflow, ["error", "truncate"])
+        check_choice(f"{prefix}.prompt_overflow", self.prompt_overflow, get_args(PromptOverflow))
         if self.reward_timeout_s is not None:
             check_range(f"{prefix}.reward_timeout_s", self.reward_timeout_s, 0, lo_open=True)
         if ":" not in self.reward_fn:

@@ -26,7 +26,7 @@ from eddyrl.engines.inference.vllm import weights as vllm_weights
 from eddyrl.protocol import GenerationRequest, SamplingParams
 from eddyrl.engines.inference.vllm.transfer import WorkerExtension, plain_spec
 from eddyrl.engines.inference.vllm.weights import pack, reload_strategy
-from eddyrl.hal import BucketSpec, get_platform, known_platforms
+from eddyrl.hal import WeightBucketSpec, get_platform, known_platforms
 from eddyrl.hal.weight_channel import CollectiveChannel
 from eddyrl.runtime.workers import weight_group_layout
 
@@ -174,7 +174,7 @@ def test_the_worker_receives_into_buffers_and_stages_them_once_the_broadcasts_ar
     group = _FakeGroup()
     worker._eddy_channel = SimpleNamespace(group=group)
     worker.eddy_begin_staging()
-    spec = BucketSpec(names=["a", "b"], dtypes=[torch.float32, torch.bfloat16],
+    spec = WeightBucketSpec(names=["a", "b"], dtypes=[torch.float32, torch.bfloat16],
                       shapes=[(2, 3), (4,)])
     assert plain_spec(spec) == (["a", "b"], ["float32", "bfloat16"], [[2, 3], [4]])
     assert worker.eddy_receive(*plain_spec(spec)) == 2

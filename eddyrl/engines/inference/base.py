@@ -14,7 +14,7 @@ from ...protocol import (EngineStats, GenerationRequest, GenerationResult,
 if TYPE_CHECKING:
     import torch
 
-    from ...hal import BucketSpec
+    from ...hal import WeightBucketSpec
     from .stop_strings import StopStrings
 
 
@@ -116,7 +116,7 @@ class InferenceEngine(abc.ABC):
         `rank_offset + weight_ranks() - 1`; only engines whose `weight_ranks()` is > 0."""
         raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")
 
-    async def receive_weights(self, version: int, specs: list[BucketSpec]) -> None:
+    async def receive_weights(self, version: int, specs: list[WeightBucketSpec]) -> None:
         """`load_weights`, each bucket taken off the broadcast by the engine's own processes
         (`connect_weight_channel` first), with the same version semantics."""
         raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")

@@ -38,7 +38,7 @@ from typing import AsyncIterator, Iterable
 
 import torch
 
-from ....hal import BucketSpec, Platform
+from ....hal import WeightBucketSpec, Platform
 from . import transfer
 from ..base import InferenceEngine, check_request
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
@@ -300,7 +300,7 @@ class VLLMInferenceEngine(InferenceEngine):
                                                rank_offset, world_size, timeout_s))
         self._receiving = True
 
-    async def receive_weights(self, version: int, specs: list[BucketSpec], *,
+    async def receive_weights(self, version: int, specs: list[WeightBucketSpec], *,
                               hold: bool = False) -> None:
         """As `load_weights`, the workers taking each bucket off the trainer's broadcast into
         device buffers (transfer.py). An update with wrong names is received whole (the

@@ -48,7 +48,7 @@ RpcAll = Callable[..., Awaitable[list]]  # collective_rpc by method name: one re
 
 
 def plain_spec(spec) -> PlainSpec:
-    """A `BucketSpec`'s layout as plain values (what vLLM's RPC carries reliably)."""
+    """A `WeightBucketSpec`'s layout as plain values (what vLLM's RPC carries reliably)."""
     return (list(spec.names), [str(d).removeprefix("torch.") for d in spec.dtypes],
             [list(shape) for shape in spec.shapes])
 
