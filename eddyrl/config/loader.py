@@ -67,7 +67,10 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
         child = schema._get_node(key)
         choices = _literal_choices(child)
         if choices is not None and value is not None:
-            check_choice(full, value, choices)  # the message every choice key gives
+            # as a str field would take it (YAML's bare off is False, taken as 'False'),
+            # with the message every choice key gives
+            check_choice(full, str(value) if all(isinstance(c, str) for c in choices)
+                         else value, choices)
         if isinstance(child, DictConfig):
             if value is not None and not isinstance(value, dict):
                 raise ConfigError(f"config key {full!r} in {source} is a section; expected a "
