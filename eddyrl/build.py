@@ -16,7 +16,7 @@ from .core.adaptive_driver import AdaptiveDriver, NoAdaptive
 from .core.batching import build_train_batch
 from .core.controller import Controller, LoopSettings
 from .core.elastic_driver import ElasticDriver, NoElastic, build_pool, parse_schedule
-from .core.episodes import Episodes
+from .core.episodes import Episodes, NoEpisodes
 from .core.ledger import Ledger
 from .core.migration import NoRecovery
 from .core.replay import ReplayBuffer
@@ -72,7 +72,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
         runtime, window, VersionAssignment(len(runtime.workers), settings.max_batch_size),
         ledger, reward, decode, partial_rollout=window_config.partial_rollout,
         migrate=window_config.migrate, router=_router(settings.routing or RoutingConfig()),
-        episodes=Episodes(settings.env, decode) if settings.env else None,
+        episodes=Episodes(settings.env, decode) if settings.env else NoEpisodes(),
         recovery=runtime if isinstance(runtime, Recoverable) else NoRecovery())
     controller = Controller(
         runtime, settings, rollout, window, replay,

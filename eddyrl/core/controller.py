@@ -142,7 +142,7 @@ class Controller:
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
-                **({"env": self._env_report()} if self.rollout.episodes else {}),
+                **({"env": report} if (report := self.rollout.episodes.report()) else {}),
                 **({"elastic": report} if (report := self.elastic.report()) else {}),
                 **({"adaptive": report} if isinstance(self.elastic, NoElastic) and
                    (report := self.elastic.adaptive.report()) else {})}
@@ -151,11 +151,6 @@ class Controller:
         stats = self.rollout.router.stats()
         return {"policy": self.settings.routing.policy, "moves": stats.moves,
                 "blocked_moves": stats.blocked, "predictions": stats.predictions}
-
-    def _env_report(self) -> dict[str, Any]:
-        episodes = self.rollout.episodes
-        return {**episodes.stats.metrics(""), "last_errors": episodes.stats.last_errors,
-                "eval": episodes.eval_stats.metrics("")}
 
     async def step(self) -> dict[str, Any]:
         """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
@@ -292,12 +287,11 @@ class Controller:
         sampling = SamplingParams(**{**vars_of(self.settings.sampling),
                                      "temperature": self.settings.loop.eval_temperature})
         episodes = self.rollout.episodes
-        env_before = episodes.eval_stats.metrics("eval_env/") if episodes else {}
+        env_before = episodes.eval_stats.metrics("eval_env/")
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
                                                  sampling, track=False)
         rewards = [g.trajectories[0].reward for g in groups]
-        env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before) \
-            if episodes else {}
+        env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before)
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import GenerationResult, SamplingParams
 from ..envs.base import EnvStats, Environment, Observation
@@ -53,12 +53,39 @@ class EpisodeRun:
     stepping: bool = False
 
 
+class _NoStats:
+    """The statistics of no episodes: none to report."""
+
+    last_errors: tuple[str, ...] = ()
+
+    def metrics(self, prefix: str = "env/") -> dict[str, float]:
+        return {}
+
+
+class NoEpisodes:
+    """Single-turn generation: no environment, no episode, nothing to report. Stands in for
+    `Episodes` when the run has no `env` section (eddyrl.build)."""
+
+    stats = eval_stats = _NoStats()
+
+    def start(self, max_tokens: int, training: bool) -> None:
+        return None  # a request without an episode is one turn
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
 @dataclass
 class Episodes:
     factory: EnvironmentFactory
     decode: Callable[[list[int]], str]  # one decode per turn, for the environment to parse
     stats: EnvStats = field(default_factory=EnvStats)  # training episodes
     eval_stats: EnvStats = field(default_factory=EnvStats)  # held-out evaluation episodes
+
+    def report(self) -> dict[str, Any]:
+        """For the run summary: the training episodes' counts, the last errors, evaluation's."""
+        return {**self.stats.metrics(""), "last_errors": self.stats.last_errors,
+                "eval": self.eval_stats.metrics("")}
 
     def start(self, max_tokens: int, training: bool) -> EpisodeRun:
         """A new episode whose transcript may reach `max_tokens` (the request's
@@ -133,7 +160,7 @@ class EpisodeTurns:
     rollout's; `_finish`, `_fail`, `_track` and the migration half's `_queue_resume`,
     `_move_between_turns`, `_restart` and `_allowed_targets` do the rest."""
 
-    episodes: Episodes | None
+    episodes: Episodes | NoEpisodes
     assignment: VersionAssignment
     router: BucketRouter | None
     reward: SafeReward
@@ -143,8 +170,6 @@ class EpisodeTurns:
     def _new_episode(self, sampling: SamplingParams, training: bool) -> EpisodeRun | None:
         """An episode for a new request (None: single-turn); `training` picks the statistics
         it counts in (held-out evaluation has its own)."""
-        if self.episodes is None:
-            return None
         return self.episodes.start(sampling.max_new_tokens, training)
 
     def _turn_ended(self, request_id: str, request: _Request, result: GenerationResult) -> None:

@@ -32,7 +32,7 @@ from .version_assignment import VersionAssignment
 
 if TYPE_CHECKING:
     from ..scheduler.buckets import BucketRouter
-    from .episodes import Episodes
+    from .episodes import Episodes, NoEpisodes
     from .rollout import _Request
 
 
@@ -56,7 +56,7 @@ class RolloutMigration:
     recovery: Any  # runtime.protocol.Recoverable, or NoRecovery
     assignment: VersionAssignment
     router: BucketRouter | None
-    episodes: Episodes | None
+    episodes: Episodes | NoEpisodes
     partial_rollout: bool
     migrate: bool
     _requests: dict[str, _Request]

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from ..protocol import GenerationRequest, GenerationResult, Group, SamplingParams, Trajectory
 from ..errors import WorkerLost
 from ..scheduler.buckets import BucketRouter
-from .episodes import EpisodeRun, Episodes, EpisodeTurns
+from .episodes import EpisodeRun, Episodes, EpisodeTurns, NoEpisodes
 from .ledger import Ledger
 from .migration import NoRecovery, RolloutMigration
 from .version_assignment import VersionAssignment
@@ -77,7 +77,8 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
     router: BucketRouter | None = None
     # called after each group is collected (streaming refill: the controller tops up)
     on_collect: Callable[[], None] | None = None
-    episodes: Episodes | None = None  # multi-turn episodes in an environment; None: one turn
+    # multi-turn episodes in an environment; NoEpisodes: every request is one turn
+    episodes: Episodes | NoEpisodes = field(default_factory=NoEpisodes)
     # replaces lost workers: the runtime when it is `Recoverable` (eddyrl.build), else a
     # stand-in under which a lost worker ends the run
     recovery: Any = field(default_factory=NoRecovery)

@@ -42,7 +42,7 @@ class RolloutCounters:
 
     @classmethod
     def of(cls, rollout: Any) -> RolloutCounters:
-        env = rollout.episodes.stats.metrics() if rollout.episodes else {}
+        env = rollout.episodes.stats.metrics()
         return cls(rollout.migrated, rollout.restarted, rollout.workers_lost,
                    rollout.regenerated, rollout.routed, tuple(env.items()))
 
