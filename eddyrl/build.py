@@ -59,8 +59,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
                         "runtime.protocol.Runtime's members")
     loop, window_config = settings.loop, settings.window
     replay = ReplayBuffer(settings.replay)
-    # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
-    fresh_per_step = loop.batch_prompts - replay.replay_slots(loop.batch_prompts)
+    fresh_per_step = replay.fresh_slots(loop.batch_prompts)
     # Admission bounds staleness to K: at most K + 1 batches in flight (DORA's RBS > TBS),
     # fewer when the loop caps the groups generating at once.
     window = VersionWindow(max_staleness=window_config.max_staleness,

@@ -94,9 +94,7 @@ class Controller:
     checkpoint: Callable[[int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
-        # Fresh groups per step: the batch less the replay slots (ReFlow: (1 - sigma) * B).
-        batch = self.settings.loop.batch_prompts
-        self.fresh_per_step = batch - self.replay.replay_slots(batch)
+        self.fresh_per_step = self.replay.fresh_slots(self.settings.loop.batch_prompts)
 
     @property
     def version(self) -> int:

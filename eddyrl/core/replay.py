@@ -98,6 +98,10 @@ class ReplayBuffer:
         """floor(σ·B), rounded first so that e.g. 0.29 * 100 = 28.999... still gives 29."""
         return math.floor(round(self.config.max_fraction * batch_groups, 9))
 
+    def fresh_slots(self, batch_groups: int) -> int:
+        """Fresh groups in a batch of `batch_groups`: the rest (ReFlow: (1 - σ)·B)."""
+        return batch_groups - self.replay_slots(batch_groups)
+
     def select(self, batch_groups: int, trainer_version: int) -> list[tuple[Any, float]]:
         """Groups to replay in a batch of `batch_groups`, each with its loss weight τ. A group
         returned for its last allowed reuse is also evicted ("reuse"): record the replays in
