@@ -27,9 +27,8 @@ from .core.version_window import VersionWindow
 from .errors import ConfigError
 from .protocol import SamplingParams
 from .runtime.protocol import Elastic, Plannable, Recoverable, Runtime
-from .scheduler.adaptive import AdaptiveConfig, AdaptiveScheduler, GenerationPlan
+from .scheduler.adaptive import AdaptiveScheduler, GenerationPlan
 from .scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
-from .scheduler.elastic import ElasticConfig
 from .scheduler.plan_predictor import PlanPredictor
 from .tasks.prompts import PromptQueue
 
@@ -70,7 +69,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
     rollout = StreamingRollout(
         runtime, window, VersionAssignment(len(runtime.workers), settings.max_batch_size),
         ledger, reward, decode, partial_rollout=window_config.partial_rollout,
-        migrate=window_config.migrate, router=_router(settings.routing or RoutingConfig()),
+        migrate=window_config.migrate, router=_router(settings.routing),
         episodes=Episodes(settings.env, decode) if settings.env else NoEpisodes(),
         recovery=runtime if isinstance(runtime, Recoverable) else NoRecovery())
     controller = Controller(
@@ -94,7 +93,7 @@ def _adaptive(settings: LoopSettings, runtime: Runtime, rollout: StreamingRollou
               events: list[dict[str, Any]]) -> AdaptiveDriver | NoAdaptive:
     """ReFlow's adaptive scheduler with Libra's planner rule, when on; it plans with or
     without the elastic pool."""
-    adaptive = settings.adaptive or AdaptiveConfig()
+    adaptive = settings.adaptive
     if not adaptive.enabled:
         return NoAdaptive()
     if not isinstance(runtime, Plannable):
@@ -124,7 +123,7 @@ def _elastic(settings: LoopSettings, runtime: Runtime, rollout: StreamingRollout
     list of events (decisions, plans, moves), in the order they happened."""
     events: list[dict[str, Any]] = []
     adaptive = _adaptive(settings, runtime, rollout, events)
-    elastic = settings.elastic or ElasticConfig()
+    elastic = settings.elastic
     if not elastic.enabled:
         return NoElastic(adaptive)
     if not isinstance(runtime, Elastic):

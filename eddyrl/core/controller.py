@@ -30,12 +30,13 @@ from .rollout import StreamingRollout
 from .step_metrics import RolloutCounters, counters_since, rollout_metrics, step_record
 from .version_window import VersionWindow
 
+from ..scheduler.adaptive import AdaptiveConfig
+from ..scheduler.elastic import ElasticConfig
+from ..scheduler.routing_config import RoutingConfig
+
 if TYPE_CHECKING:
     from ..runtime.protocol import Runtime
-    from ..scheduler.adaptive import AdaptiveConfig
-    from ..scheduler.buckets import RoutingConfig
     from ..scheduler.cost_model import CostModel
-    from ..scheduler.elastic import ElasticConfig
 
 
 @dataclass
@@ -53,9 +54,9 @@ class LoopSettings:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     max_batch_size: int = 256  # sequences one worker decodes together (`rollout.*`)
-    elastic: ElasticConfig | None = None  # None: the section's defaults (off)
-    adaptive: AdaptiveConfig | None = None
-    routing: RoutingConfig | None = None
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
     # envs.loading.EnvironmentFactory: every response is a multi-turn episode in one of its
