@@ -46,8 +46,8 @@ class ScriptedEngine:
         while need is not None and need > self.version:
             assert self._staged is not None and self._staged >= need, "no such weights"
             await self._drained.wait()
-            if self._running == 0:
-                self._apply()
+            if self._running == 0 and self._staged is not None:  # another call may have
+                self._apply()  # applied them while this one waited
         rows = [(r, list(r.resume_ids), list(r.resume_logprobs), list(r.resume_versions))
                 for r in requests]
         self.started += [(r.request_id, self.version) for r in requests]
