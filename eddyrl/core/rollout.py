@@ -225,12 +225,17 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
         if not result.final:
             self._route(result.request_id, request, result)
             return
+        moved = request.moving_to is not None
+        if moved:
+            # The assignment's book has had it on the target since the move was decided:
+            # whatever ends the source's run (abort, refusal, finish) settles it there
+            request.worker, request.moving_to = request.moving_to, None
         if result.finish_reason == "refused":
+            if moved:  # the move's abort still waits on the source, for whatever runs there
+                self._stale_aborts.setdefault(result.request_id, set()).add(worker)
             self._restart(request, result.request_id, "refused")
             return
-        if request.moving_to is not None:
-            # The assignment's book has had it on the target since the move was decided.
-            request.worker, request.moving_to = request.moving_to, None
+        if moved:
             if not result.finished:  # aborted for its migration: resume it there
                 self.migrated += 1
                 self._queue_resume(request, result)

@@ -10,7 +10,8 @@ run: C1 (one version per trajectory, unless partial rollout), C2 (trained groups
 (lag <= K) and the ledger's exactly-once, with the run's own errors (e.g. the version
 assignment's count checks) surfacing as failures.
 
-Opt-in while the rollout still keeps a request's place in several records:
+The sweep is opt-in while the rollout still keeps a request's place in several records (some
+schedules that lose a worker while another is lent still fail, see the issue's notes):
 `EDDY_SCHEDULES=200 python -m pytest tests/core/test_random_schedules.py` runs 200 seeds
 (`EDDY_SCHEDULE_SEED` the first one); a failure names its seed and settings.
 """
@@ -229,6 +230,19 @@ def test_random_schedules_keep_c1_c2_c3_and_exactly_once():
             failures.append(f"seed {seed} {_settings(rng)[0]}: {type(exc).__name__}: {exc}")
     assert not failures, f"{len(failures)} of {SCHEDULES} schedules failed:\n" + \
         "\n".join(failures[:20])
+
+
+# Seeds that failed on the rollout before a refused result of a request being moved was
+# settled on its move's target (the assignment's book had it there; the restart took it off
+# the source: "worker W has 0 running requests of version V, not 1", the CI failure of
+# issue 18), and before that move's abort, still waiting on the source, was known to be stale
+# for the restarted request. 818 and 926 lose no worker and lend none.
+REGRESSIONS = (81, 93, 99, 818, 926)
+
+
+@pytest.mark.parametrize("seed", REGRESSIONS)
+def test_schedules_that_broke_the_books_now_keep_every_promise(seed):
+    run_schedule(seed)
 
 
 def test_one_schedule_runs_its_settings_through():
