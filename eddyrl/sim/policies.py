@@ -27,7 +27,7 @@ from .engine import default_kv_capacity
 from .workload import ResponseLengths
 
 if TYPE_CHECKING:
-    from ..config import EddyConfig  # noqa: F401 (the hooks read a scenario's sections)
+    from ..config import EddyConfig
 
 
 def _bucket(config: EddyConfig, sized: bool = True) -> list[str]:
