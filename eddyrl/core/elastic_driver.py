@@ -124,6 +124,12 @@ class ElasticDriver:
         and the run goes on."""
         event = {"step": self.pool.step, "worker": worker, "request": verb, "reason": reason}
         self.events.append(event)
+        serving = self.rollout.assignment.available
+        if verb == "join" and serving[worker] and sum(serving) <= 1:
+            # the pool counts workers, not the lost ones still being replaced: the rollout does
+            event["refused"] = (f"rollout worker {worker} is the only one serving now (the "
+                                "others are lost or lent)")
+            return
         try:
             if verb == "join":
                 action = self.pool.request_join(worker)
