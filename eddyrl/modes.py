@@ -11,9 +11,9 @@ one-line description and when to use it. Everything that names a mode takes it f
 A mode's `scenario` hook names what the simulator adds from the scenario it runs (its devices,
 its workload, its batch, its K): settings that depend on the cluster, so no file can hold them.
 Only the simulator applies a hook, after the mode's own overrides; `SCENARIO_HOOKS` says what
-each one sets and `eddyrl/sim/policies.py` computes it. The hooks live there (and this module
-imports neither the config loader nor the simulator) so that the registry stays plain data that
-every layer can read without an import cycle.
+each one sets and `eddyrl/sim/policies.py` computes it. The hooks live there (this module does
+not import the simulator, which imports it), so the registry stays data; overrides are read by
+the config loader's own parser (`config.parse_overrides`).
 
 `BASE` sets every dimension some mode sets, at the built-in default. The simulator applies it
 first, so a scenario's own choices (libra_48 routes, reflow_8 replays) do not leak into a
@@ -36,6 +36,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from .config.loader import parse_overrides
 from .errors import ConfigError
 
 # The folder of the generated mode files (package data, found by `load_config("modes/<name>")`)
@@ -119,14 +120,8 @@ def settings(overrides: Iterable[str]) -> dict[str, Any]:
 
 
 def tree(overrides: Iterable[str]) -> dict[str, Any]:
-    nested: dict[str, Any] = {}
-    for key, value in settings(overrides).items():
-        node = nested
-        *sections, leaf = key.split(".")
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
-    return nested
+    """The overrides as the nested mapping a YAML file holds, as the loader reads them."""
+    return parse_overrides(list(overrides))
 
 
 def _merged(*groups: Sequence[str]) -> tuple[str, ...]:

@@ -12,6 +12,8 @@ from ..protocol import EngineStats, GenerationRequest, GenerationResult
 
 
 class InProcessRuntime:
+    workers: list[InferenceEngine]
+
     def __init__(self, engine: InferenceEngine | list[InferenceEngine]) -> None:
         self.workers = list(engine) if isinstance(engine, list) else [engine]
         self.engine = self.workers[0]

@@ -122,9 +122,8 @@ def conforms(cls: type, protocol: type) -> list[str]:
     problems = []
     for name, want in _members(protocol).items():
         have = inspect.getattr_static(cls, name, None)
-        if have is None:
-            if name not in getattr(cls, "__annotations__", {}) and \
-                    name not in _init_assignments(cls):
+        if have is None:  # a data member: declared on the class (set in __init__)
+            if not any(name in getattr(klass, "__annotations__", {}) for klass in cls.__mro__):
                 problems.append(f"{cls.__name__}.{name} is missing")
             continue
         if not callable(want):
@@ -159,23 +158,6 @@ def _members(protocol: type) -> dict[str, Any]:
     for name in getattr(protocol, "__annotations__", {}):
         members.setdefault(name, None)
     return members
-
-
-def _init_assignments(cls: type) -> set[str]:
-    """Attributes `cls.__init__` (or a base's) sets on self: `workers` is one."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        if init is None:
-            continue
-        try:
-            source = inspect.getsource(init)
-        except (OSError, TypeError):
-            continue
-        names.update(part.split("=")[0].split(":")[0].strip()[len("self."):]
-                     for part in source.splitlines()
-                     if part.strip().startswith("self.") and "=" in part)
-    return names
 
 
 def _kind(function: Any) -> str:

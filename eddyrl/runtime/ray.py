@@ -60,6 +60,8 @@ def start_ray(config: EddyConfig) -> None:
 
 
 class RayRuntime(WorkerReplacement):
+    workers: list[Any]  # each rollout worker's actor handle
+
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
         import ray
 

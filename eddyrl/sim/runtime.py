@@ -4,7 +4,7 @@ scheduler) that drives Ray workers in a real run.
 
 `SimRuntime` is the runtime protocol over `SimInferenceEngine`s and a `SimTrainer`: generation,
 training and weight sync take the cost model's time on the loop's clock, which
-`virtual_clock.VirtualTimeLoop` advances from event to event. `simulate(config)` builds a run
+`clock.VirtualTimeLoop` advances from event to event. `simulate(config)` builds a run
 from the config's `sim` section (cluster, model, workload) and its usual RL sections, runs it
 and returns the controller's summary with the simulator's accounting (busy time per role, the
 control plane's CPU time).
@@ -21,7 +21,7 @@ from ..build import build_controller, loop_settings
 from ..core.controller import Controller
 from ..core.rewarding import SafeReward
 from ..errors import ConfigError
-from ..protocol import GenerationRequest, GenerationResult, SamplingParams
+from ..protocol import GenerationRequest, SamplingParams
 from .engine import SimInferenceEngine
 from .trainer import SimBatch, SimTrainer, build_sim_batch
 from ..observability.trace import Trace as Timeline  # the worker timeline real runs write too
@@ -52,6 +52,8 @@ class Devices:
 
 
 class SimRuntime:
+    workers: list[SimInferenceEngine]
+
     def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
                  weight_sync_s: float, timeline: Timeline | None = None, *,
                  move_s: float = 0.0, replica_groups: float = 1.0,

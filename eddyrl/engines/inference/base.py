@@ -8,8 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
-from ...protocol import (EngineStats, GenerationRequest, GenerationResult,
-                         SamplingParams)
+from ...protocol import EngineStats, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
     import torch
