@@ -303,7 +303,7 @@ class RolloutMigration:
             if request.worker != worker:
                 continue
             if request.moving_to is not None:  # counted on its target already
-                request.worker, request.moving_to = request.moving_to, None
+                request.settle_move()
                 lost.append((request_id, request))
             elif request.episode is None or not request.episode.stepping:
                 lost.append((request_id, request))

@@ -63,6 +63,11 @@ class _Request:
     moving_to: int | None = None  # migration target while its abort is on the way
     episode: EpisodeRun | None = None  # multi-turn: the transcript so far and its environment
 
+    def settle_move(self) -> None:
+        """The source's run of a moving request ended (abort, refusal, finish, or its worker
+        lost): the assignment's book has had it on the target since the move was decided."""
+        self.worker, self.moving_to = self.moving_to, None
+
 
 @dataclass
 class StreamingRollout(EpisodeTurns, RolloutMigration):
@@ -227,9 +232,7 @@ class StreamingRollout(EpisodeTurns, RolloutMigration):
             return
         moved = request.moving_to is not None
         if moved:
-            # The assignment's book has had it on the target since the move was decided:
-            # whatever ends the source's run (abort, refusal, finish) settles it there
-            request.worker, request.moving_to = request.moving_to, None
+            request.settle_move()
         if result.finish_reason == "refused":
             if moved:  # the move's abort still waits on the source, for whatever runs there
                 self._stale_aborts.setdefault(result.request_id, set()).add(worker)

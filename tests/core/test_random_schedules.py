@@ -30,29 +30,14 @@ from eddyrl.core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from eddyrl.core.controller import LoopSettings
 from eddyrl.core.rewarding import SafeReward
 from eddyrl.errors import WorkerLost
-from eddyrl.protocol import EngineStats, SamplingParams
+from eddyrl.protocol import SamplingParams
 from eddyrl.scheduler.elastic import ElasticConfig
 from eddyrl.tasks.prompts import Prompt, PromptSet
 
-from scripted_engine import STOP, ScriptedEngine
+from scripted_engine import ScriptedEngine
 
 SCHEDULES = int(os.environ.get("EDDY_SCHEDULES", "0"))
 FIRST_SEED = int(os.environ.get("EDDY_SCHEDULE_SEED", "0"))
-
-
-class JitteryEngine(ScriptedEngine):
-    """ScriptedEngine whose turns take a seeded number of tokens (per request) and whose
-    tokens take a seeded number of event-loop turns: the schedule's randomness."""
-
-    def __init__(self, seed: int, **kwargs):
-        super().__init__(token=5, **kwargs)
-        self.rng = random.Random(seed)
-
-    async def generate(self, requests):
-        async for result in super().generate(requests):
-            for _ in range(self.rng.randrange(4)):
-                await asyncio.sleep(0)
-            yield result
 
 
 class Lengths:
@@ -63,6 +48,24 @@ class Lengths:
 
     def __call__(self, request_id: str) -> int:
         return 1 + zlib.crc32(f"{self.seed}:{request_id}".encode()) % 6
+
+
+class JitteryEngine(ScriptedEngine):
+    """ScriptedEngine whose turns take a seeded number of tokens (`lengths` of the call's first
+    request: the scripted engine has one turn length) and whose tokens take a seeded number of
+    event-loop turns: the schedule's randomness."""
+
+    def __init__(self, seed: int, lengths: Lengths, **kwargs):
+        super().__init__(token=5, **kwargs)
+        self.rng = random.Random(seed)
+        self.lengths = lengths
+
+    async def generate(self, requests):
+        self.turn_tokens = self.lengths(requests[0].request_id)
+        async for result in super().generate(requests):
+            for _ in range(self.rng.randrange(4)):
+                await asyncio.sleep(0)
+            yield result
 
 
 class ScheduleRuntime:
@@ -114,8 +117,8 @@ class ScheduleRuntime:
 
     async def replace_worker(self, worker):
         old = self.workers[worker]
-        engine = JitteryEngine(self.rng.randrange(1 << 30), partial_rollout=old.partial_rollout)
-        engine.turn_length = old.turn_length
+        engine = JitteryEngine(self.rng.randrange(1 << 30), old.lengths,
+                               partial_rollout=old.partial_rollout)
         await engine.load_weights(self.published)
         self.workers[worker] = engine
         self.dead.discard(worker)
@@ -132,20 +135,6 @@ class ScheduleRuntime:
     async def leave_training(self, worker):
         await self.workers[worker].load_weights(self.published)
         return self.workers[worker].version
-
-
-def _install_lengths(engine: ScriptedEngine, lengths: Lengths) -> None:
-    """Per-request turn lengths: the scripted engine's fixed `turn_tokens`, per request."""
-    engine.turn_length = lengths
-
-    original = engine.generate
-
-    async def generate(requests):
-        engine.turn_tokens = lengths(requests[0].request_id)  # the call's length
-        async for result in original(requests):
-            yield result
-
-    engine.generate = generate
 
 
 def _prompts(count: int) -> PromptSet:
@@ -180,21 +169,10 @@ def run_schedule(seed: int) -> dict:
     rng = random.Random(seed)
     choice, settings, workers = _settings(rng)
     lengths = Lengths(seed)
-    engines = []
-    for w in range(workers):
-        engine = JitteryEngine(rng.randrange(1 << 30), partial_rollout=choice["partial"])
-        _install_lengths(engine, lengths)
-        engines.append(engine)
+    engines = [JitteryEngine(rng.randrange(1 << 30), lengths, partial_rollout=choice["partial"])
+               for _ in range(workers)]
     runtime = ScheduleRuntime(engines, rng, lose_at=rng.randrange(1, 20) if choice["lose"]
                               else None)
-    original_replace = runtime.replace_worker
-
-    async def replace(worker):
-        version = await original_replace(worker)
-        _install_lengths(runtime.workers[worker], lengths)
-        return version
-
-    runtime.replace_worker = replace
     prompts = _prompts(40)
     controller = build_controller(settings, runtime, prompts, _prompts(2),
                                   decode=lambda ids: "x" * len(ids),
@@ -251,4 +229,3 @@ def test_one_schedule_runs_its_settings_through():
     """The harness itself (fast, always on): one seed's run completes with its checks."""
     choice = run_schedule(3)
     assert set(choice) >= {"K", "partial", "workers"}
-    assert STOP == 2
