@@ -42,6 +42,11 @@ class SafeReward:
             return self._fail(f"reward function returned {value}")
         return value, None
 
+    async def score(self, response: str, answer: str) -> tuple[float, str | None]:
+        """The rollout's entry point: score one response (awaited, so that scoring can run
+        off the event loop)."""
+        return self(response, answer)
+
     def _call(self, response: str, answer: str) -> float:
         if self.timeout_s is None:
             return self.fn(response, answer)
