@@ -18,7 +18,7 @@ from .core.controller import Controller, LoopSettings
 from .core.elastic_driver import ElasticDriver, NoElastic, build_pool, parse_schedule
 from .core.episodes import Episodes, NoEpisodes
 from .core.ledger import Ledger
-from .core.migration import NoRecovery
+from .core.moves import NoRecovery
 from .core.replay import ReplayBuffer
 from .core.rewarding import SafeReward
 from .core.rollout import StreamingRollout

@@ -16,31 +16,20 @@ failure of the environment (construction, step, close, a non-finite reward) ends
 with the cutoff reward and is counted, never raised, and statistics are kept apart for
 training and evaluation episodes.
 
-`EpisodeTurns` is the rollout's side (a mixin of `StreamingRollout`): a turn's end pauses the
-request on its worker (`VersionAssignment.paused`: still its version's live work, but not
-running in the engine), the environment steps in a task of its own, and the next turn goes
-where the episode's version is hosted (C1): its worker, or, if that worker took new weights
-meanwhile, another host of the version, moved like a migration; only when no worker hosts it
-any more does the episode start over, counted in `env/restarted_episodes` with why. With
-partial rollout the next turn simply runs on the newest weights (per-token versions).
+The rollout's side of a turn's end (pause the request, place its next turn: C1) is
+`core/turns.py`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..protocol import GenerationResult, SamplingParams
 from ..envs.base import EnvStats, Environment, Observation
 from ..envs.episode import Episode, EpisodeState, Turn
 from ..envs.loading import EnvironmentFactory
-
-if TYPE_CHECKING:
-    from ..scheduler.buckets import BucketRouter
-    from .version_assignment import VersionAssignment
-    from .rewarding import SafeReward
-    from .rollout import _Request
 
 
 @dataclass(slots=True)
@@ -153,87 +142,3 @@ class Episodes:
         except Exception as exc:  # a leak to log, not a reason to lose the episode
             if run.state.stats is not None:
                 run.state.stats.error(f"close: {type(exc).__name__}: {exc}")
-
-
-class EpisodeTurns:
-    """What `StreamingRollout` does at an episode's turn ends. A mixin: the state is the
-    rollout's; `_finish`, `_fail`, `_track` and the migration half's `_queue_resume`,
-    `_move_between_turns`, `_restart` and `_allowed_targets` do the rest."""
-
-    episodes: Episodes | NoEpisodes
-    assignment: VersionAssignment
-    router: BucketRouter | None
-    reward: SafeReward
-    partial_rollout: bool
-    routed: int
-
-    def _new_episode(self, sampling: SamplingParams, training: bool) -> EpisodeRun | None:
-        """An episode for a new request (None: single-turn); `training` picks the statistics
-        it counts in (held-out evaluation has its own)."""
-        return self.episodes.start(sampling.max_new_tokens, training)
-
-    def _turn_ended(self, request_id: str, request: _Request, result: GenerationResult) -> None:
-        """The engine ended one of the episode's turns: it waits for its environment, still
-        counted on its worker, while the environment steps off this call."""
-        request.episode.stepping = True
-        self.assignment.paused(request.worker, request.version)
-        self._track(self._take_turn(request_id, request, result))
-
-    async def _take_turn(self, request_id: str, request: _Request,
-                         result: GenerationResult) -> None:
-        """Step the episode's environment on the turn `result` ends, then resume the request
-        from the transcript where its version is hosted, or finish it."""
-        try:
-            run = request.episode
-            observation, episode = await self.episodes.take_turn(
-                run, result, request.group.prompt, request.group.answer)
-            run.stepping = False
-            self.assignment.resumed(request.worker, request.version)
-            if episode is None:
-                tokens = len(run.state.transcript) - len(observation.token_ids)
-                self._tool_returned(request_id, request, observation, tokens)
-                if self._place_next_turn(request_id, request):
-                    self._queue_resume(request, self.episodes.result(run, result))
-                return
-            final = self.episodes.result(run, result)
-            if episode.reward is None:  # the environment left scoring to the task's reward
-                reward, error = self.reward(episode.final_text, request.group.answer)
-            else:
-                reward, error = float(episode.reward), None
-            self._finish(request, final, reward, error)
-        except BaseException as exc:  # surfaced to whoever waits next
-            self._fail(exc)
-
-    def _place_next_turn(self, request_id: str, request: _Request) -> bool:
-        """C1 between turns: the next turn stays on its worker if that is still available (not
-        lost, not lent to training) and hosts the episode's version (or the version is the
-        latest, which the worker switches to); else
-        it goes to another host of the version, picked by the assignment as for any request
-        of it and moved like a migration. With no host left the episode starts over on the
-        latest version (False: nothing to resume)."""
-        assignment = self.assignment
-        if assignment.available[request.worker] and (self.partial_rollout or request.version
-                                                        in (assignment.hosted[request.worker],
-                                                            assignment.latest)):
-            return True
-        if assignment.hosts_now(request.version):
-            target = assignment.pick(request.version)
-            self._move_between_turns(request, target)
-            if self.router is not None:
-                self.router.relocate(request_id, target)
-            return True
-        self._restart(request, request_id, "version_retired")
-        return False
-
-    def _tool_returned(self, request_id: str, request: _Request, observation: Observation,
-                       tokens: int) -> None:
-        """Libra: a tool returned after `tokens` output tokens; the router records the state
-        and may send the request's next turn to another bucket (nothing runs: no abort)."""
-        if self.router is None or observation.tool is None:
-            return
-        allowed = self._allowed_targets(request) or [request.worker]  # record, do not move
-        move = self.router.on_state(request_id, observation.tool.state(), tokens, allowed)
-        if move is None:
-            return
-        self._move_between_turns(request, move.target.instance)
-        self.routed += 1

@@ -1,15 +1,26 @@
-"""Calling a user's reward function safely: a failure costs one sample, never the run."""
+"""Calling a user's reward function safely: a failure costs one sample, never the run.
+
+`SafeReward.score`, the rollout's entry point, runs the reward in the run's user-code pool
+(`user_code.reward`: worker threads by default, or worker processes; `eddyrl.usercode`), so a
+slow or blocking reward holds up only the samples it scores, and the limit is kept there. With
+no pool (the simulator, tests) or an inline one it calls the reward on the caller's thread, as
+the plain call `reward(response, answer)` always does: in the main thread a SIGALRM cuts it off
+at the limit.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..plugins import load_reward_fn  # noqa: F401  (where callers load data.reward_fn from)
+from ..usercode.pool import Pool, UserCodeError
 
 RewardFn = Callable[[str, str], float]
 
@@ -21,31 +32,53 @@ class RewardTimeout(BaseException):
 
 @dataclass
 class SafeReward:
-    """Wraps a reward function: an exception, a non-finite value or a call longer than
-    `timeout_s` (`data.reward_timeout_s`; None: no limit) gives reward 0, the error is recorded
-    on the sample and counted, and the run goes on."""
+    """Wraps a reward function: an exception (SystemExit included), a value that is not a
+    finite number, a call longer than `timeout_s` (`data.reward_timeout_s`; None: no limit) or,
+    in a process pool, a worker that dies under it gives reward 0; the error is recorded on the
+    sample and counted (`errors`, and `reasons` by why: error, timeout, lost), and the run goes
+    on. A KeyboardInterrupt is raised on: it stops the run."""
 
     fn: RewardFn
     timeout_s: float | None = None
     errors: int = 0
     last_errors: list[str] = field(default_factory=list)
+    # where `score` runs the reward (`user_code.reward`); None: on the caller's thread
+    pool: Pool | None = None
+    reasons: Counter = field(default_factory=Counter)
 
     def __call__(self, response: str, answer: str) -> tuple[float, str | None]:
+        """Score on this thread (never the pool's)."""
+        pid = os.getpid()
         try:
-            value = float(self._call(response, answer))
+            value = self._call(response, answer)
         except RewardTimeout:
-            return self._fail(f"reward function took longer than data.reward_timeout_s="
-                              f"{self.timeout_s}s")
-        except Exception as exc:  # user code: any failure is this sample's, not the run's
+            return self._fail(self._too_long(), "timeout")
+        except (Exception, SystemExit) as exc:  # user code: its failure is this sample's
             return self._fail(f"{type(exc).__name__}: {exc}")
-        if not math.isfinite(value):
-            return self._fail(f"reward function returned {value}")
-        return value, None
+        finally:
+            if os.getpid() != pid:  # a fork in the reward: the copy must not score on
+                os._exit(0)
+        return self._check(value)
 
     async def score(self, response: str, answer: str) -> tuple[float, str | None]:
-        """The rollout's entry point: score one response (awaited, so that scoring can run
-        off the event loop)."""
-        return self(response, answer)
+        """The rollout's entry point: score one response in the pool (off the event loop
+        unless the pool is inline), the limit kept there."""
+        if self.pool is None or self.pool.mode == "inline":
+            return self(response, answer)
+        try:
+            value = await self.pool.call(self.fn, response, answer, timeout_s=self.timeout_s)
+        except UserCodeError as exc:
+            if exc.reason == "timeout":
+                return self._fail(f"{self._too_long()} ({exc.message})", "timeout")
+            if exc.reason == "lost":
+                return self._fail(f"reward worker lost: {exc.message}", "lost")
+            return self._fail(exc.message)
+        return self._check(value)
+
+    def close(self) -> None:
+        """Stop the pool's workers (the run is over)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def _call(self, response: str, answer: str) -> float:
         if self.timeout_s is None:
@@ -55,8 +88,21 @@ class SafeReward:
             return _with_alarm(self.fn, (response, answer), self.timeout_s)
         return _with_thread(self.fn, (response, answer), self.timeout_s)
 
-    def _fail(self, message: str) -> tuple[float, None | str]:
+    def _check(self, value: object) -> tuple[float, str | None]:
+        try:
+            value = float(value)  # type: ignore[arg-type]
+        except Exception as exc:  # a string, None, a tensor of many values...
+            return self._fail(f"{type(exc).__name__}: {exc}")
+        if not math.isfinite(value):
+            return self._fail(f"reward function returned {value}")
+        return value, None
+
+    def _too_long(self) -> str:
+        return f"reward function took longer than data.reward_timeout_s={self.timeout_s}s"
+
+    def _fail(self, message: str, reason: str = "error") -> tuple[float, None | str]:
         self.errors += 1
+        self.reasons[reason] += 1
         self.last_errors = (self.last_errors + [message])[-5:]
         return 0.0, message
 

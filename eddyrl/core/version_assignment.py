@@ -39,6 +39,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..validation import check_range
+from .requests import RequestTable
+
 
 KV_FILL = 0.75  # the KV-cache fill a consolidated legacy version may reach on its keepers
 
@@ -61,76 +63,67 @@ class VersionAssignment:
         self.slots_per_worker = slots_per_worker
         self.latest = 0
         self.hosted = [0] * num_workers  # version each worker's loaded weights carry
-        self.pending: list[Counter[int]] = [Counter() for _ in range(num_workers)]
-        # of `pending`: episodes between turns (their engine does not run them now)
-        self.between_turns: list[Counter[int]] = [Counter() for _ in range(num_workers)]
+        # where every request is: the counts below are the table's, kept by it alone
+        self.requests = RequestTable(num_workers, self)
         self.available = [True] * num_workers  # False: lent to training (elastic pool)
         self.kv_usage = [0.0] * num_workers  # KV cache in use, fraction (last report)
-        self.migrations = 0
+
+    @property
+    def pending(self) -> list[Counter[int]]:
+        """Per worker: requests counted there, by version (the request table's)."""
+        return self.requests.pending
+
+    @property
+    def between_turns(self) -> list[Counter[int]]:
+        """Of `pending`: episodes between turns (their engine does not run them now)."""
+        return self.requests.between_turns
+
+    @property
+    def migrations(self) -> int:
+        """Requests moved between workers (moves decided, redirects included)."""
+        table = self.requests
+        return table.counted("move") + table.counted("move_between_turns") + \
+            table.counted("redirect") + table.events["resume:moved"]
+
+    # -- the request table's book (C1) -------------------------------------------------------
+
+    def check_place(self, worker: int, version: int, how: str) -> None:
+        """C1 before a request enters `worker`: placed (new, restarted, resumed in place) only
+        where the worker hosts its version or can switch to it (the latest); moved only where
+        it runs at once (`can_run_now`)."""
+        if how == "move":
+            if not self.can_run_now(worker, version):
+                raise ValueError(f"cannot move version {version} requests to worker {worker}: "
+                                 f"it hosts version {self.hosted[worker]} (C1)")
+        elif version != self.hosted[worker] and version != self.latest:
+            raise ValueError(f"worker {worker} hosts version {self.hosted[worker]} and can "
+                             f"switch only to {self.latest}; it cannot generate version "
+                             f"{version} (C1)")
+
+    def worker_changed(self, worker: int) -> None:
+        """The engine's rule, mirrored: a worker with latest-version work queued and no legacy
+        request left running switches to the latest weights (an idle one as the request
+        arrives, a busy one once its legacy requests drain)."""
+        if self.latest in self.pending[worker] and not self._legacy_running(worker):
+            self.hosted[worker] = self.latest
 
     # -- what the controller reports ---------------------------------------------------------
 
-    def published(self, version: int, hosted: list[int]) -> None:
+    def published(self, version: int, hosted: list[int], *, adopt: bool = False) -> None:
         """A new version was staged on every worker; `hosted` is what each one now runs (an
-        idle worker applies new weights at once, a busy one keeps its version)."""
+        idle worker applies new weights at once, a busy one keeps its version). Requests
+        queued for an older staged version start on this one (the engine applies the newest
+        staged weights): they are relabelled. `adopt` (partial rollout): running requests go
+        on with the new weights, so every request is the latest version's."""
         if len(hosted) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} worker versions, got {len(hosted)}")
         self.latest = version
         self.hosted = list(hosted)
-        for worker, pending in enumerate(self.pending):
-            # Requests queued for the previous latest version (waiting for their worker to
-            # drain) start on the newest staged weights instead: relabel them.
-            queued = [v for v in pending if self.hosted[worker] < v < version]
-            for v in queued:
-                pending[version] += pending.pop(v)
-                if v in self.between_turns[worker]:
-                    self.between_turns[worker][version] += self.between_turns[worker].pop(v)
-
-    def dispatched(self, worker: int, version: int, count: int = 1) -> None:
-        """`count` requests of `version` were sent to `worker`. A request for the latest
-        version makes a worker switch to it once its running requests finish."""
-        if version != self.hosted[worker] and version != self.latest:
-            raise ValueError(f"worker {worker} hosts version {self.hosted[worker]} and can "
-                             f"switch only to {self.latest}; it cannot generate version "
-                             f"{version} (C1)")
-        if version == self.latest and self.hosted[worker] != version and \
-                not self._legacy_running(worker):
-            self.hosted[worker] = version  # idle: switches as the request arrives
-        self.pending[worker][version] += count
-
-    def finished(self, worker: int, version: int, count: int = 1) -> None:
-        """`count` requests of `version` left `worker` (finished, or aborted to migrate)."""
-        if self.pending[worker][version] < count:
-            raise ValueError(f"worker {worker} has {self.pending[worker][version]} running "
-                             f"requests of version {version}, not {count}")
-        if self.pending[worker][version] - self.between_turns[worker][version] < count:
-            raise ValueError(f"worker {worker}: {self.between_turns[worker][version]} of its "
-                             f"version {version} requests are between turns; resume them "
-                             "before they finish")
-        self.pending[worker][version] -= count
-        if not self.pending[worker][version]:
-            del self.pending[worker][version]
-        if self.latest in self.pending[worker] and not self._legacy_running(worker):
-            self.hosted[worker] = self.latest  # drained: the queued new requests start
-
-    def paused(self, worker: int, version: int, count: int = 1) -> None:
-        """`count` episodes of `version` on `worker` ended a turn and wait for their
-        environment: still counted there (their next turn comes back), not run by the engine."""
-        if self.pending[worker][version] - self.between_turns[worker][version] < count:
-            raise ValueError(f"worker {worker} runs {self.pending[worker][version]} requests "
-                             f"of version {version}, {self.between_turns[worker][version]} of "
-                             f"them between turns already; cannot pause {count} more")
-        self.between_turns[worker][version] += count
-
-    def resumed(self, worker: int, version: int, count: int = 1) -> None:
-        """`count` paused episodes' environments answered: their next turn goes to the engine
-        (or the episode ends: `finished` follows)."""
-        if self.between_turns[worker][version] < count:
-            raise ValueError(f"worker {worker} has {self.between_turns[worker][version]} "
-                             f"episodes of version {version} between turns, not {count}")
-        self.between_turns[worker][version] -= count
-        if not self.between_turns[worker][version]:
-            del self.between_turns[worker][version]
+        for request in self.requests:
+            if request.worker is None or request.version == version:
+                continue
+            if adopt or self.hosted[request.worker] < request.version < version:
+                self.requests.relabel(request.id, version)
 
     def observed_kv(self, usage: list[float]) -> None:
         """Each worker's KV-cache use as its engine reports it (a fraction of its cache): a
@@ -204,30 +197,6 @@ class VersionAssignment:
                 for target, count in _spread(self.pending[source][version], keep, load):
                     moves.append(Migration(source, target, version, count))
         return moves
-
-    def moved(self, source: int, target: int, version: int, count: int = 1, *,
-              between_turns: bool = False) -> None:
-        """`count` requests of `version` left `source` (aborted) and now run on `target`; or,
-        `between_turns`, paused episodes whose next turn now goes to `target` (no abort)."""
-        if not self.can_run_now(target, version):
-            raise ValueError(f"cannot move version {version} requests to worker {target}: it "
-                             f"hosts version {self.hosted[target]} (C1)")
-        if between_turns:
-            self.resumed(source, version, count)
-        self.finished(source, version, count)
-        self.dispatched(target, version, count)
-        if between_turns:
-            self.paused(target, version, count)
-        self.migrations += count
-
-    def adopt_latest(self) -> None:
-        """Partial rollout: running requests continue on the newest weights, so all pending
-        work counts as the latest version's."""
-        for counts in self.pending + self.between_turns:
-            total = sum(counts.values())
-            counts.clear()
-            if total:
-                counts[self.latest] = total
 
     def can_run_now(self, worker: int, version: int) -> bool:
         """Whether a request of `version` sent to `worker` now starts without waiting for a

@@ -39,6 +39,7 @@ clock, no randomness; ties fall back to the order buckets and instances are list
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Sequence
 
@@ -88,13 +89,59 @@ class RoutingStats:
 @dataclass(slots=True)
 class _Request:
     prompt_id: str
-    placement: Placement
     path: list[State] = field(default_factory=list)
     tokens_at_state: list[int] = field(default_factory=list)  # tokens_so_far at each state
 
 
 class RoutingError(RuntimeError):
     """A call the router cannot honour: the caller broke the start/on_state/finish protocol."""
+
+
+class _OwnPlacements:
+    """Where each request runs, for a router used on its own (benchmarks, its tests): the
+    router records its placements and moves here. The connection counts are kept with them,
+    in `place` and `drop` only."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, int] = {}
+        self._load: Counter[int] = Counter()
+
+    def worker_of(self, request_id: str) -> int:
+        return self._where[request_id]
+
+    def load(self, instance: int) -> int:
+        return self._load[instance]
+
+    def place(self, request_id: str, instance: int) -> None:
+        self.drop(request_id)
+        self._where[request_id] = instance
+        self._load[instance] += 1
+
+    def drop(self, request_id: str) -> None:
+        instance = self._where.pop(request_id, None)
+        if instance is not None:
+            self._load[instance] -= 1
+
+
+class _Followed:
+    """Where each request runs, read from a rollout's request table (`follow`): the table is
+    the only record of a request's place; the router's placements and moves are carried out
+    there by the rollout, so nothing is recorded here."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+
+    def worker_of(self, request_id: str) -> int:
+        return self.table.worker_of(request_id)
+
+    def load(self, instance: int) -> int:
+        return self.table.load(instance)
+
+    def place(self, request_id: str, instance: int) -> None:
+        return None  # the rollout adds the request to its table at `instance`
+
+    def drop(self, request_id: str) -> None:
+        return None
 
 
 class BucketRouter:
@@ -113,13 +160,25 @@ class BucketRouter:
         self.specs = {spec.name: spec for spec in config.buckets}
         self._check_instances(instances)
         self._use({name: list(instances[name]) for name in self.specs})
-        self._connections = dict.fromkeys(self._bucket_of, 0)
+        self._all = frozenset(self._bucket_of)
+        self._placements: _OwnPlacements | _Followed = _OwnPlacements()
         self.recompute_seconds = recompute_seconds
         self.carry_kv_seconds = carry_kv_seconds
         self.carry_kv_instances = frozenset(carry_kv_instances)
         self._requests: dict[str, _Request] = {}
         self._moves = self._carry_kv_moves = self._blocked = 0
         self._predictions = {"prompt": 0, "global": 0, "none": 0}
+
+    def follow(self, table) -> None:
+        """Read where requests run, and each instance's connections, from `table` (a
+        `core.requests.RequestTable`: `worker_of(request_id)`, `load(instance)`) instead of
+        recording them: the caller places and moves requests there."""
+        if self._requests:
+            raise RoutingError("follow() must come before the first request starts")
+        self._placements = _Followed(table)
+
+    def _connections(self, instance: int) -> int:
+        return self._placements.load(instance)
 
     # -- protocol --------------------------------------------------------------------------------
 
@@ -134,15 +193,14 @@ class BucketRouter:
             instance = next(i for i in self._round_robin if i in candidates)
         elif policy == "least_load":
             instance = min((i for i in self._bucket_of if i in candidates),
-                           key=self._connections.__getitem__)
+                           key=self._connections)
         else:  # bucket, fifo: the smallest bucket with an allowed instance
             bucket = next(spec.name for spec in self.config.buckets
                           if any(i in candidates for i in self.instances[spec.name]))
             instance = self._least_connected(bucket, candidates)
-        placement = Placement(self._bucket_of[instance], instance)
-        self._connections[instance] += 1
-        self._requests[request_id] = _Request(prompt_id, placement)
-        return placement
+        self._requests[request_id] = _Request(prompt_id)
+        self._placements.place(request_id, instance)
+        return Placement(self._bucket_of[instance], instance)
 
     def set_layout(self, layout: Sequence[int]) -> None:
         """Give the buckets `layout[b]` instances each, consecutive in bucket order (the
@@ -154,9 +212,6 @@ class BucketRouter:
                                f"{len(self.config.buckets)} buckets at least one of the "
                                f"{len(self._bucket_of)} instances, all of them in all")
         self._use(consecutive(list(self.specs), layout, sorted(self._bucket_of)))
-        for request in self._requests.values():
-            instance = request.placement.instance
-            request.placement = Placement(self._bucket_of[instance], instance)
 
     @property
     def layout(self) -> tuple[int, ...]:
@@ -164,13 +219,12 @@ class BucketRouter:
 
     def relocate(self, request_id: str, instance: int) -> None:
         """Someone else moved the request to `instance` (a version consolidation, a restart):
-        keep the connection counts and its bucket true. Its path and statistics stay."""
-        request = self._request(request_id)
+        keep the connection counts and its bucket true. Its path and statistics stay. A
+        router that `follow`s a table reads the move from there: nothing to do."""
+        self._request(request_id)
         if instance not in self._bucket_of:
             raise RoutingError(f"request {request_id!r}: instance {instance} is in no bucket")
-        self._connections[request.placement.instance] -= 1
-        self._connections[instance] += 1
-        request.placement = Placement(self._bucket_of[instance], instance)
+        self._placements.place(request_id, instance)
 
     def on_state(self, request_id: str, state: State, tokens_so_far: int,
                  allowed: Collection[int] | None = None) -> Move | None:
@@ -216,17 +270,19 @@ class BucketRouter:
     def cancel(self, request_id: str) -> None:
         """The request was aborted: free its connection without learning from it (a cut-short
         length would bias the predictions short)."""
-        request = self._request(request_id)
+        self._request(request_id)
         del self._requests[request_id]
-        self._connections[request.placement.instance] -= 1
+        self._placements.drop(request_id)
 
     # -- queries ---------------------------------------------------------------------------------
 
     def placement(self, request_id: str) -> Placement:
-        return self._request(request_id).placement
+        self._request(request_id)
+        instance = self._placements.worker_of(request_id)
+        return Placement(self._bucket_of[instance], instance)
 
     def stats(self) -> RoutingStats:
-        per_bucket = {name: sum(self._connections[i] for i in ids)
+        per_bucket = {name: sum(self._connections(i) for i in ids)
                       for name, ids in self.instances.items()}
         return RoutingStats(per_bucket, self._moves, self._carry_kv_moves,
                             dict(self._predictions), self._blocked)
@@ -250,7 +306,7 @@ class BucketRouter:
             return None
         by_mean = self.bucket_for(tokens_so_far + prediction.mean)
         by_p90 = self.bucket_for(tokens_so_far + prediction.p90)
-        source = request.placement
+        source = self.placement(request_id)
         if by_mean != by_p90 or by_mean == source.bucket:
             return None
         candidates = self._candidates(allowed)
@@ -259,9 +315,7 @@ class BucketRouter:
             return None
         target = Placement(by_mean, self._least_connected(by_mean, candidates))
         how = self._how_to_move(tokens_so_far, source, target)
-        self._connections[source.instance] -= 1
-        self._connections[target.instance] += 1
-        request.placement = target
+        self._placements.place(request_id, target.instance)
         self._moves += 1
         if how == "carry_kv":
             self._carry_kv_moves += 1
@@ -283,15 +337,15 @@ class BucketRouter:
 
     def _least_connected(self, bucket: str, candidates: Collection[int]) -> int:
         return min((i for i in self.instances[bucket] if i in candidates),
-                   key=self._connections.__getitem__)
+                   key=self._connections)
 
     def _candidates(self, allowed: Collection[int] | None) -> Collection[int]:
         if allowed is None:
-            return self._connections
-        unknown = sorted(set(allowed) - self._connections.keys())
+            return self._all
+        unknown = sorted(set(allowed) - self._all)
         if unknown or not allowed:
             raise RoutingError(f"allowed instances {sorted(allowed)} must be a non-empty "
-                               f"subset of {sorted(self._connections)}")
+                               f"subset of {sorted(self._all)}")
         return allowed
 
     def _request(self, request_id: str) -> _Request:

@@ -14,6 +14,7 @@ import asyncio
 
 from scripted_engine import STOP, ScriptedEngine, until
 
+from eddyrl.core.requests import Status
 from eddyrl.core.episodes import Episodes
 from eddyrl.core.ledger import Ledger
 from eddyrl.core.version_assignment import VersionAssignment
@@ -68,7 +69,7 @@ def _dispatch(rollout, name, n=1, worker=None):
     rollout.ledger.queue(name, len(rollout.ledger.counts()), 0)
     rollout.dispatch([Group(name, name, "1", [5, 6], 0)], n, SamplingParams(max_new_tokens=40),
                      worker=worker)
-    return [r for rid, r in rollout._requests.items() if rid.startswith(f"{name}-")]
+    return [r for r in rollout.table if r.id.startswith(f"{name}-")]
 
 
 async def _publish(rollout, engines, version):
@@ -89,11 +90,11 @@ def test_an_episode_whose_worker_took_new_weights_goes_on_where_its_version_is_h
         rollout = _rollout(engines, {"a": ("wait", "done"), "b": ("done",)}, gates)
         (a,) = _dispatch(rollout, "a", worker=0)
         _dispatch(rollout, "b", worker=1)  # held: worker 1 stays busy on version 0
-        await until(lambda: a.episode.stepping)  # turn 1 done; its tool call runs
+        await until(lambda: a.status is Status.BETWEEN_TURNS)  # turn 1 done; its tool call runs
         await _publish(rollout, engines, 1)
         assert [e.version for e in engines] == [1, 0]  # idle: applied; busy: staged
         gates["a"].set()
-        await until(lambda: "a" not in str(list(rollout._requests)))  # a finished
+        await until(lambda: not any(r.id.startswith("a-") for r in rollout.table))  # a finished
         engines[1].holds["b"].set()
         return rollout, engines, await rollout.next_batch()
 
@@ -116,7 +117,7 @@ def test_an_episode_restarts_only_when_no_worker_hosts_its_version_and_is_counte
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done")}, gates, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await until(lambda: a.episode.stepping)
+        await until(lambda: a.status is Status.BETWEEN_TURNS)
         await _publish(rollout, engines, 1)  # the only worker is idle: version 0 is gone
         gates["a"].set()
         return rollout, engines, await rollout.next_batch()
@@ -143,7 +144,7 @@ def test_a_sync_holds_an_idle_workers_version_for_its_episode_between_turns():
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done"), "b": ("done",)}, gates, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await until(lambda: a.episode.stepping)
+        await until(lambda: a.status is Status.BETWEEN_TURNS)
         held = rollout.holding()
         await engines[0].load_weights(1, hold=0 in held)
         rollout.window.advance()
@@ -178,7 +179,7 @@ def test_new_version_work_keeps_off_a_worker_whose_episode_waits_for_its_version
                                      "c": ("done",)}, gates, slots=1)
         (a,) = _dispatch(rollout, "a", worker=0)
         _dispatch(rollout, "b", worker=0)
-        await until(lambda: a.episode.stepping)
+        await until(lambda: a.status is Status.BETWEEN_TURNS)
         await _publish(rollout, engines, 1)
         assert [e.version for e in engines] == [0, 1]
         _dispatch(rollout, "x", n=4, worker=1)
@@ -205,7 +206,7 @@ def test_with_partial_rollout_the_next_turn_runs_on_the_new_weights():
         gates = {"a": asyncio.Event()}
         rollout = _rollout(engines, {"a": ("wait", "done")}, gates, partial=True, batch=1)
         (a,) = _dispatch(rollout, "a")
-        await until(lambda: a.episode.stepping)
+        await until(lambda: a.status is Status.BETWEEN_TURNS)
         await _publish(rollout, engines, 1)
         gates["a"].set()
         return rollout, await rollout.next_batch()

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eddyrl.core.requests import Status
 from eddyrl.core.batching import build_train_batch
 from eddyrl.core.config import AlgorithmConfig, LoopConfig
 from eddyrl.build import build_controller
@@ -175,7 +176,7 @@ async def _publish_between_turns(runtime, rollout, ledger, tokenizer):
     global GATE
     GATE = asyncio.Event()
     rollout.dispatch([_group(ledger, tokenizer)], 2, _sampling(tokenizer))
-    while not all(r.episode.stepping for r in rollout._requests.values()):
+    while not all(r.status is Status.BETWEEN_TURNS for r in rollout.table):
         await asyncio.sleep(0.005)
     engine = runtime.workers[0]
     await engine.load_weights(1, [dict(engine.model.state_dict())])  # same weights
@@ -273,8 +274,8 @@ def test_a_migration_in_the_middle_of_an_episode_keeps_its_transcript(tiny_model
 
     async def scenario():
         rollout.dispatch([_group(ledger, tokenizer)], 4, sampling, worker=0)
-        while not any(len(r.episode.state.transcript) and not r.episode.stepping
-                      for r in rollout._requests.values()):
+        while not any(len(r.episode.state.transcript) and r.status is not Status.BETWEEN_TURNS
+                      for r in rollout.table):
             await asyncio.sleep(0.002)
         assert await rollout.lend(0) == 0  # every request moved off worker 0
         return await rollout.next_batch()
@@ -315,15 +316,15 @@ def test_moves_between_turns_and_a_late_abort_keep_the_episode(tiny_model_dir, t
         GATE = asyncio.Event()
         runtime.deliver = asyncio.Event()
         rollout.dispatch([_group(ledger, tokenizer)], 1, _sampling(tokenizer), worker=0)
-        (request,) = rollout._requests.values()
+        (request,) = list(rollout.table)
         while not runtime.workers[0].stats().tokens_generated:
             await asyncio.sleep(0.001)
         lending = asyncio.ensure_future(rollout.lend(0))
-        while not request.episode.stepping:  # the turn ended before the abort arrived
+        while request.status is not Status.BETWEEN_TURNS:  # the turn ended before the abort arrived
             await asyncio.sleep(0.001)
         runtime.deliver.set()
         await lending
-        assert request.worker == 1 and request.moving_to is None
+        assert request.worker == 1 and request.source is None
         rollout.take_back(0, 0)
         await rollout.lend(1)  # between turns: moved at once, nothing to abort
         assert request.worker == 0 and rollout.running_on(1) == 0
@@ -335,7 +336,7 @@ def test_moves_between_turns_and_a_late_abort_keep_the_episode(tiny_model_dir, t
     _check_row(t.result, tokenizer, observations=1)
     assert t.reward == 1.0 and rollout.migrated == 1
     assert runtime.workers[1].stats().tokens_generated == 0  # both turns ran on worker 0
-    assert rollout.assignment.pending == [{}, {}] and not rollout._stale_aborts
+    assert rollout.assignment.pending == [{}, {}] and not len(rollout.table)
 
 
 def test_tool_returns_reach_the_bucket_router(tiny_model_dir, tokenizer):

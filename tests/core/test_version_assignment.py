@@ -1,11 +1,61 @@
 """DORA's assignment: proportional worker shares, consolidation of legacy versions by
 migration, routing of new requests, opportunistic legacy fill, and C1 refusals."""
 
+import itertools
 import random
 
 import pytest
 
+from eddyrl.core.requests import Request, Status
 from eddyrl.core.version_assignment import Migration, VersionAssignment
+
+
+class Book(VersionAssignment):
+    """The assignment, with its request table driven by counts as these tests speak of them:
+    each call makes the table's transitions for that many anonymous requests (the table keeps
+    the counts; nothing here touches them)."""
+
+    _ids = itertools.count()
+
+    def _some(self, worker, version, count, status):
+        ids = [r.id for r in self.requests.counted_on(worker)
+               if r.version == version and r.status is status][:count]
+        if len(ids) < count:
+            running = sum(1 for r in self.requests.counted_on(worker) if r.version == version)
+            between = self.between_turns[worker][version]
+            if status is Status.RUNNING and between:
+                raise ValueError(f"worker {worker}: {between} of its version {version} "
+                                 "requests are between turns; resume them before they finish")
+            raise ValueError(f"worker {worker} has {running} running requests of version "
+                             f"{version}, not {count}")
+        return ids
+
+    def dispatched(self, worker, version, count=1):
+        for _ in range(count):
+            self.requests.add(Request(f"r{next(self._ids)}", None, 0, None, True, 0),
+                              worker, version)
+
+    def finished(self, worker, version, count=1):
+        for rid in self._some(worker, version, count, Status.RUNNING):
+            self.requests.score(rid)
+            self.requests.finish(rid)
+
+    def moved(self, source, target, version, count=1, *, between_turns=False):
+        status = Status.BETWEEN_TURNS if between_turns else Status.RUNNING
+        for rid in self._some(source, version, count, status):
+            if between_turns:
+                self.requests.move_between_turns(rid, target, "test")
+            else:
+                self.requests.move(rid, target, "test")
+                self.requests.arrive(rid, resumed=True)
+
+    def paused(self, worker, version, count=1):
+        for rid in self._some(worker, version, count, Status.RUNNING):
+            self.requests.pause(rid)
+
+    def resumed(self, worker, version, count=1):
+        for rid in self._some(worker, version, count, Status.BETWEEN_TURNS):
+            self.requests.resume(rid, worker)
 
 
 def _after_step(orch, version, hosted):
@@ -14,7 +64,7 @@ def _after_step(orch, version, hosted):
 
 
 def test_all_workers_on_one_version_without_legacy_work():
-    orch = VersionAssignment(num_workers=4, slots_per_worker=64)
+    orch = Book(num_workers=4, slots_per_worker=64)
     assert orch.targets(new_requests=32) == {0: 4}
     assert orch.plan(32) == []
     picks = []
@@ -26,7 +76,7 @@ def test_all_workers_on_one_version_without_legacy_work():
 
 
 def test_targets_are_proportional_to_pending_requests_with_one_each_at_least():
-    orch = VersionAssignment(num_workers=8, slots_per_worker=64)
+    orch = Book(num_workers=8, slots_per_worker=64)
     for w in range(8):
         orch.dispatched(w, 0, 10)
     orch.published(1, [0] * 8)  # every worker still busy with version 0
@@ -39,7 +89,7 @@ def test_targets_are_proportional_to_pending_requests_with_one_each_at_least():
 
 
 def test_plan_consolidates_a_legacy_tail_onto_its_busiest_hosts():
-    orch = VersionAssignment(num_workers=4, slots_per_worker=64)
+    orch = Book(num_workers=4, slots_per_worker=64)
     for worker, count in enumerate([1, 5, 2, 1]):
         orch.dispatched(worker, 0, count)
     orch.published(1, [0, 0, 0, 0])
@@ -60,7 +110,7 @@ def test_plan_consolidates_a_legacy_tail_onto_its_busiest_hosts():
 
 
 def test_a_busy_worker_switches_only_after_its_legacy_requests_finish():
-    orch = VersionAssignment(num_workers=1, slots_per_worker=8)
+    orch = Book(num_workers=1, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.published(1, [0])
     orch.dispatched(0, 1, 4)  # queued behind the running version-0 requests
@@ -70,7 +120,7 @@ def test_a_busy_worker_switches_only_after_its_legacy_requests_finish():
 
 
 def test_requests_queued_for_a_superseded_version_run_on_the_newest():
-    orch = VersionAssignment(num_workers=1, slots_per_worker=8)
+    orch = Book(num_workers=1, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.published(1, [0])
     orch.dispatched(0, 1, 3)  # waiting for version 0 to drain
@@ -79,7 +129,7 @@ def test_requests_queued_for_a_superseded_version_run_on_the_newest():
 
 
 def test_c1_refusals_name_the_worker_and_versions():
-    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
+    orch = Book(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0)
     orch.published(2, [0, 2])
     with pytest.raises(ValueError, match="worker 1 hosts version 2.*cannot generate version 0"):
@@ -93,7 +143,7 @@ def test_c1_refusals_name_the_worker_and_versions():
 
 
 def test_legacy_room_lists_busy_legacy_hosts_with_free_slots():
-    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
+    orch = Book(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 3)
     orch.dispatched(1, 0, 8)
     orch.published(1, [0, 0, 1])
@@ -109,7 +159,7 @@ def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
     requests has a host."""
     rng = random.Random(seed)
     n = 4
-    orch = VersionAssignment(num_workers=n, slots_per_worker=16)
+    orch = Book(num_workers=n, slots_per_worker=16)
     running: list[tuple[int, int]] = []  # (worker, version) per request
     for _ in range(3000):
         action = rng.random()
@@ -140,7 +190,7 @@ def test_randomized_bookkeeping_keeps_one_version_per_worker_at_a_time(seed):
 
 
 def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
-    orch = VersionAssignment(num_workers=3, slots_per_worker=64)
+    orch = Book(num_workers=3, slots_per_worker=64)
     orch.dispatched(0, 0, 4)
     orch.dispatched(1, 0, 2)
     orch.dispatched(2, 0, 3)
@@ -168,7 +218,7 @@ def test_a_worker_lent_to_training_is_evacuated_and_gets_no_new_work():
 
 
 def test_can_run_now_and_eligible_follow_c1_and_the_pool():
-    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
+    orch = Book(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 2)  # worker 0 busy with version 0
     orch.published(1, [0, 1, 1])
     assert [orch.can_run_now(w, 0) for w in range(3)] == [True, False, False]
@@ -186,7 +236,7 @@ def test_can_run_now_and_eligible_follow_c1_and_the_pool():
 
 
 def test_a_move_to_an_idle_worker_switches_it_to_the_latest_version():
-    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
+    orch = Book(num_workers=2, slots_per_worker=8)
     orch.published(1, [1, 0])  # worker 1 idle with old weights staged-over: switches on use
     orch.dispatched(0, 1, 1)
     orch.moved(0, 1, 1)
@@ -194,10 +244,10 @@ def test_a_move_to_an_idle_worker_switches_it_to_the_latest_version():
 
 
 def test_partial_rollout_counts_running_work_as_the_latest_version():
-    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
+    orch = Book(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0, 3)
-    orch.published(1, [1, 1])  # partial rollout: every engine applied version 1 at once
-    orch.adopt_latest()
+    # partial rollout: every engine applied version 1 at once
+    orch.published(1, [1, 1], adopt=True)
     assert orch.pending[0] == {1: 3}
     orch.moved(0, 1, 1)  # now a move between workers passes the C1 check
     orch.finished(1, 1)
@@ -208,7 +258,7 @@ def test_evacuated_requests_are_spread_over_the_keepers_not_dumped_on_one():
     """Three evacuated workers' requests go to the keepers least loaded first, counting the
     moves already planned: without that every source picked the same least-loaded keeper
     (seen in the simulator: one worker left with thousands of queued requests)."""
-    orch = VersionAssignment(num_workers=6, slots_per_worker=8)
+    orch = Book(num_workers=6, slots_per_worker=8)
     for worker, count in enumerate([30, 30, 10, 10, 10, 0]):
         orch.dispatched(worker, 0, count)
     orch.published(1, [0, 0, 0, 0, 0, 1])
@@ -226,7 +276,7 @@ def test_a_legacy_version_keeps_the_workers_its_kv_caches_fill():
     caches are 60% full on three workers, so consolidating would overflow the keeper: it keeps
     ceil(1.8 / KV_FILL) = 3 workers and nothing moves. With light caches it consolidates."""
     def assignment(kv):
-        orch = VersionAssignment(num_workers=4, slots_per_worker=64)
+        orch = Book(num_workers=4, slots_per_worker=64)
         for worker, count in ((0, 10), (1, 1), (2, 1)):
             orch.dispatched(worker, 0, count)
         orch.published(1, [0, 0, 0, 1])
@@ -245,7 +295,7 @@ def test_new_prompts_do_not_pile_onto_the_only_worker_hosting_the_new_version():
     """Worker 1 switched to version 1; workers 0 and 2 still drain short version-0 tails. The
     new version's requests go to worker 1 until its queue is a batch (8) longer than a
     draining worker's, then spread over all three (before: all 40 went to worker 1)."""
-    orch = VersionAssignment(num_workers=3, slots_per_worker=8)
+    orch = Book(num_workers=3, slots_per_worker=8)
     orch.dispatched(0, 0, 2)
     orch.dispatched(2, 0, 2)
     orch.published(1, [0, 1, 0])
@@ -262,7 +312,7 @@ def test_episodes_between_turns_are_live_work_that_keeps_their_worker_on_its_ver
     version 1 and is loaded. New-version requests keep off worker 0 (it would switch as soon as
     its running request ends, and the episode would have to start over) unless no other
     worker is available; then the book switches with the engine and the episode is stranded."""
-    orch = VersionAssignment(num_workers=2, slots_per_worker=1)
+    orch = Book(num_workers=2, slots_per_worker=1)
     orch.dispatched(0, 0, 2)
     orch.paused(0, 0)  # its environment works: the engine does not see it
     orch.published(1, [0, 1])
@@ -285,7 +335,7 @@ def test_episodes_stranded_by_a_switch_move_to_a_worker_that_still_hosts_their_v
     """Worker 0 was idle when version 1 arrived (its episode waited for a tool) and applied it;
     worker 1 still hosts version 0 with nothing of it running. The plan sends the episode
     there, between turns (no abort), and from then on worker 1 is kept for it."""
-    orch = VersionAssignment(num_workers=2, slots_per_worker=8)
+    orch = Book(num_workers=2, slots_per_worker=8)
     orch.dispatched(0, 0)
     orch.paused(0, 0)
     orch.dispatched(1, 0)
@@ -297,5 +347,5 @@ def test_episodes_stranded_by_a_switch_move_to_a_worker_that_still_hosts_their_v
     assert orch.between_turns == [{}, {0: 1}] and orch.pending == [{}, {0: 1}]
     assert orch.pick(1) == 0 and not orch.can_run_now(1, 1)
     orch.published(2, [1, 0])  # relabelling leaves an episode of a hosted version alone
-    orch.adopt_latest()  # partial rollout: it goes on with the newest weights
+    orch.published(2, [1, 0], adopt=True)  # partial rollout: on with the newest weights
     assert orch.between_turns == [{}, {2: 1}]

@@ -7,6 +7,7 @@ import asyncio
 
 from scripted_engine import ScriptedEngine, until
 
+from eddyrl.core.requests import Status
 from eddyrl.core.ledger import Ledger, State
 from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
@@ -107,7 +108,7 @@ def test_with_every_worker_lost_requests_wait_for_the_replacement():
         runtime.kill(0)
         engine.holds["g0"].set()
         await until(lambda: rollout.workers_lost == 1)
-        assert len(rollout._parked) == 2  # nowhere to run until the worker is back
+        assert len(rollout.table.with_status(Status.PARKED)) == 2  # nowhere to run until the worker is back
         runtime.replacements.set()
         batch = await rollout.next_batch()
         assert [len(t.result.token_ids) for t in batch[0].trajectories] == [3, 3]
