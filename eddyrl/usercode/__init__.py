@@ -1,0 +1,9 @@
+"""Running user code (reward functions, environments) off the controller's event loop: on
+worker threads, in worker processes, or inline; a failure, a hang or a crash of it costs its
+sample or episode, never the run (`pool`), configured by the `user_code` section (`config`)."""
+
+from .pool import (MODES, InlinePool, Pool, ProcessPool, SessionState, ThreadPool,
+                   UserCodeError, UserCodeTimeout, make_pool)
+
+__all__ = ["MODES", "InlinePool", "Pool", "ProcessPool", "SessionState", "ThreadPool",
+           "UserCodeError", "UserCodeTimeout", "make_pool"]
