@@ -17,6 +17,7 @@ from .core import run_state
 from .build import build_controller, loop_settings
 from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
+from .envs.hosting import EnvHost, host_environments
 from .protocol import SamplingParams
 from .errors import ConfigError
 from .hal import get_platform
@@ -39,7 +40,9 @@ def resolve_run_dir(config: EddyConfig) -> Path:
 
 
 def prepare(config: EddyConfig, model_path: str, data_dir: Path):
-    """Tokenizer, prompt sets, loop settings and the guarded reward function of a run."""
+    """Tokenizer, prompt sets, loop settings and the guarded reward function of a run. The
+    reward and the environments run in the user-code pools `user_code` describes (settings.env
+    is the environments' `EnvHost`); `close_user_code` stops them."""
     from .models.config import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)  # checked against the model's vocabulary
@@ -62,11 +65,22 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
                               temperature=rollout.temperature, top_p=rollout.top_p,
                               top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
                               stop_strings=stop_strings)
+    fn = load_reward_fn(data.reward_fn)
+    reward_pool = config.user_code.reward.build("user_code.reward", name="reward",
+                                                sent=((f"data.reward_fn {data.reward_fn!r}", fn),))
+    hosted = None if env is None else host_environments(env, config.user_code.env)
     settings = loop_settings(config, sampling, tokenizer.pad_token_id,
                              trainer_ranks=config.train.num_workers,
-                             plan_cost=_plan_cost(config, model_path), env=env)
-    return tokenizer, train_set, eval_set, settings, SafeReward(load_reward_fn(data.reward_fn),
-                                                                timeout_s=data.reward_timeout_s)
+                             plan_cost=_plan_cost(config, model_path), env=hosted)
+    return tokenizer, train_set, eval_set, settings, SafeReward(
+        fn, timeout_s=data.reward_timeout_s, pool=reward_pool)
+
+
+def close_user_code(settings, reward: SafeReward) -> None:
+    """Stop the user-code pools of `prepare` (no worker outlives its run)."""
+    reward.close()
+    if isinstance(settings.env, EnvHost):
+        settings.env.close()
 
 
 def _plan_cost(config: EddyConfig, model_path: str):
@@ -98,7 +112,10 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> 
                                   decode=lambda ids: tokenizer.decode(ids,
                                                                       skip_special_tokens=True),
                                   reward=reward)
-    result = asyncio.run(controller.evaluate())
+    try:
+        result = asyncio.run(controller.evaluate())
+    finally:
+        close_user_code(settings, reward)
     return {**result, "eval_prompts": len(eval_set.prompts), "reward_errors": reward.errors}
 
 
@@ -154,6 +171,7 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
             runtime.close().write(str(run_dir / "trace.json"))
         ray_runtime.shutdown()
         metrics_file.close()
+        close_user_code(settings, reward)
     summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
                    checkpoint=str(run_dir / resume.FINAL),
                    prompts_truncated=train_set.truncated + eval_set.truncated)

@@ -17,6 +17,7 @@ from ..scheduler.adaptive import AdaptiveConfig
 from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
+from ..usercode.config import UserCodeConfig
 from ..validation import check_range, contradiction
 
 
@@ -43,6 +44,8 @@ class EddyConfig:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes; none: single-turn
+    # where rewards and environment steps run: worker threads, processes, or inline
+    user_code: UserCodeConfig = field(default_factory=UserCodeConfig)
     # metrics to TensorBoard / W&B and the worker trace, besides metrics.jsonl
     observe: ObserveConfig = field(default_factory=ObserveConfig)
 

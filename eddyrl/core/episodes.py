@@ -23,13 +23,16 @@ The rollout's side of a turn's end (pause the request, place its next turn: C1) 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..protocol import GenerationResult, SamplingParams
-from ..envs.base import EnvStats, Environment, Observation
+from ..protocol import GenerationResult
+from ..envs.base import EnvStats, Observation
 from ..envs.episode import Episode, EpisodeState, Turn
+from ..envs.hosting import EnvHost, HostedEnv
 from ..envs.loading import EnvironmentFactory
+from ..usercode.pool import UserCodeError
 
 
 @dataclass(slots=True)
@@ -38,7 +41,7 @@ class EpisodeRun:
     environment. `stepping` while the environment works on a turn (no engine runs it then)."""
 
     state: EpisodeState
-    env: Environment | None = None
+    env: HostedEnv | None = None
     stepping: bool = False
 
 
@@ -66,24 +69,36 @@ class NoEpisodes:
 
 @dataclass
 class Episodes:
-    factory: EnvironmentFactory
+    """The run's episodes. `factory` builds their environments; given as an `envs.EnvHost`
+    (what `eddy train` builds from `user_code.env`) they live in its user-code pool (worker
+    threads or processes), given bare they run inline on the caller's loop. Wherever they run,
+    any failure of user code (an exception, SystemExit included, a hang past the limit, a dead
+    worker, a reward that is not a finite number) ends the episode with the cutoff reward and
+    is counted in the episode statistics (`env/errors`, `env/ended_by/<error|timeout>`)."""
+
+    factory: EnvironmentFactory | EnvHost
     decode: Callable[[list[int]], str]  # one decode per turn, for the environment to parse
     stats: EnvStats = field(default_factory=EnvStats)  # training episodes
     eval_stats: EnvStats = field(default_factory=EnvStats)  # held-out evaluation episodes
+    host: EnvHost = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.host = self.factory if isinstance(self.factory, EnvHost) else \
+            EnvHost(self.factory)
 
     def report(self) -> dict[str, Any]:
-        """For the run summary: the training episodes' counts, the last errors, evaluation's."""
+        """For the run summary: the training episodes' counts, the last errors, evaluation's
+        (and, off the loop, the pool's replaced workers)."""
         return {**self.stats.metrics(""), "last_errors": self.stats.last_errors,
-                "eval": self.eval_stats.metrics("")}
+                "eval": self.eval_stats.metrics(""), **self.host.report()}
 
     def start(self, max_tokens: int, training: bool) -> EpisodeRun:
         """A new episode whose transcript may reach `max_tokens` (the request's
         max_new_tokens: engines count resumed tokens against it), counted in `stats`
         (training) or `eval_stats`."""
         # the configured cutoff from the start: an environment that fails to build has none
-        limits = getattr(self.factory, "kwargs", {}).get("limits")
         return EpisodeRun(EpisodeState(self.decode, max_tokens,
-                                       getattr(limits, "cutoff_reward", 0.0),
+                                       self.host.limits.cutoff_reward,
                                        stats=self.stats if training else self.eval_stats))
 
     def restart(self, run: EpisodeRun, reason: str) -> EpisodeRun:
@@ -109,17 +124,13 @@ class Episodes:
                                 list(result.versions[start:]), result.finish_reason))
         try:
             if run.env is None:
-                run.env = self.factory(prompt=prompt, answer=answer)
-                state.cutoff_reward = run.env.limits.cutoff_reward
-            observation = await run.env.step(action)
-        except Exception as exc:  # a custom environment's bug costs its episode, not the run
-            observation = Observation(done=True, reward=state.cutoff_reward, ended_by="error",
-                                      error=f"{type(exc).__name__}: {exc}")
-        if observation.done and observation.reward is not None and \
-                not math.isfinite(observation.reward):
-            observation = Observation(done=True, reward=state.cutoff_reward, ended_by="error",
-                                      tool=observation.tool,
-                                      error=f"environment reward {observation.reward}")
+                run.env = self.host.open()
+                state.cutoff_reward = await run.env.build(prompt, answer)
+            observation = _checked(await run.env.step(action), state.cutoff_reward)
+        except UserCodeError as exc:  # the environment's failure costs its episode, not the run
+            observation = Observation(done=True, reward=state.cutoff_reward,
+                                      ended_by="timeout" if exc.reason == "timeout" else "error",
+                                      error=exc.message)
         episode = state.observe(observation)
         if episode is not None:
             await self.close(run)
@@ -139,6 +150,25 @@ class Episodes:
             return
         try:
             await env.close()
-        except Exception as exc:  # a leak to log, not a reason to lose the episode
+        except UserCodeError as exc:  # a leak to log, not a reason to lose the episode
             if run.state.stats is not None:
-                run.state.stats.error(f"close: {type(exc).__name__}: {exc}")
+                run.state.stats.error(f"close: {exc.message}")
+
+
+def _checked(observation: Any, cutoff_reward: float) -> Observation:
+    """`observation` if it is one, with a reward that is None or a finite number; else the
+    end of the episode with the cutoff reward, as an environment error."""
+    problem = None
+    if not isinstance(observation, Observation):
+        problem = f"environment step returned {type(observation).__name__}, not an Observation"
+    elif observation.done and observation.reward is not None:
+        reward = observation.reward
+        if not isinstance(reward, numbers.Real):
+            problem = f"environment reward {reward!r} is not a number"
+        elif not math.isfinite(reward):
+            problem = f"environment reward {reward}"
+    if problem is None:
+        return observation
+    tool = observation.tool if isinstance(observation, Observation) else None
+    return Observation(done=True, reward=cutoff_reward, ended_by="error", tool=tool,
+                       error=problem)

@@ -122,14 +122,16 @@ class Environment(abc.ABC):
         """Release what the episode holds (sandboxes, connections). Called once, at the end."""
 
     async def step(self, action: Action) -> Observation:
-        """The observation after `action`. Never raises for a failure inside the environment:
-        the episode ends with `ended_by` "error" (or "timeout") and `error` set."""
+        """The observation after `action`. Never raises for a failure inside the environment
+        (an exception, SystemExit included): the episode ends with `ended_by` "error" (or
+        "timeout") and `error` set. A KeyboardInterrupt or a cancellation goes on up."""
         if self.done:
             raise RuntimeError("step() called on an episode that has ended")
         self.turns += 1
         start = self.clock()
         try:
-            reply = await asyncio.wait_for(self.respond(action), self.limits.step_timeout_s)
+            reply = await asyncio.wait_for(_no_exit(self.respond(action)),
+                                           self.limits.step_timeout_s)
             _check_reply(reply)
             tool = self._tool_info(reply, self.clock() - start)
             ids = () if reply.done else \
@@ -137,6 +139,8 @@ class Environment(abc.ABC):
         except asyncio.TimeoutError:
             return self._end("timeout", error=f"environment step took longer than "
                              f"env.step_timeout_s={self.limits.step_timeout_s}s")
+        except _Exited as exc:
+            return self._end("error", error=str(exc))
         except Exception as exc:  # an environment's bug costs its episode, never the run
             return self._end("error", error=f"{type(exc).__name__}: {exc}")
         if reply.done:
@@ -176,6 +180,18 @@ class Environment(abc.ABC):
         if ended_by != "env":
             reward = self.limits.cutoff_reward
         return Observation(done=True, reward=reward, tool=tool, ended_by=ended_by, error=error)
+
+
+class _Exited(Exception):
+    """`respond()` raised SystemExit, carried out of `wait_for`'s task as an ordinary
+    exception: a SystemExit escaping a task ends the event loop, and the run with it."""
+
+
+async def _no_exit(respond):
+    try:
+        return await respond
+    except SystemExit as exc:
+        raise _Exited(f"SystemExit: {exc}") from None
 
 
 def _check_reply(reply: object) -> None:

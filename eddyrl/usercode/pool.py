@@ -86,6 +86,8 @@ class SessionState:
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, _Exited):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -279,19 +281,24 @@ def _run_sync(fn: Callable, args: tuple) -> Any:
     if inspect.isawaitable(result):
         loop = asyncio.new_event_loop()
         try:
-            result = loop.run_until_complete(_awaited(result))
+            result = loop.run_until_complete(_invoke(lambda: result, ()))
         finally:
             loop.close()
     return result
 
 
-async def _awaited(awaitable) -> Any:
-    return await awaitable
+class _Exited(Exception):
+    """User code raised SystemExit inside an event loop's task, carried out of it as an
+    ordinary exception (a SystemExit escaping a task ends that loop's run); `describe` gives
+    the SystemExit's own description."""
 
 
 async def _invoke(fn: Callable, args: tuple) -> Any:
-    result = fn(*args)
-    return (await result) if inspect.isawaitable(result) else result
+    try:
+        result = fn(*args)
+        return (await result) if inspect.isawaitable(result) else result
+    except SystemExit as exc:
+        raise _Exited(describe(exc)) from None
 
 
 class _Thread:
@@ -574,6 +581,9 @@ class ProcessPool(_Workers):
         self._path = pickle.dumps(list(sys.path))
         self._lock = threading.Lock()
         self._procs: list[_Process] = []
+        # session calls made while no worker process was there to take the session (between
+        # a death and its replacement): housed by the next one
+        self._homeless: list[tuple["ProcessSession", _Job]] = []
         self._queue: collections.deque[_Job] = collections.deque()
         self._ids = itertools.count(1)
         self._numbers = itertools.count(workers)  # names of replacement processes
@@ -594,13 +604,18 @@ class ProcessPool(_Workers):
         return await self._submit(fn, args, timeout_s)
 
     def session(self) -> "ProcessSession":
+        """A session, housed by the worker process with the fewest at its first call."""
         with self._lock:
             self._start()
-            live = [p for p in self._procs if p.why_lost is None]
-            proc = min(live, key=lambda p: p.sessions) if live else None
-            if proc is not None:
-                proc.sessions += 1
-        return ProcessSession(self, proc, next(self._sessions))
+        return ProcessSession(self, next(self._sessions))
+
+    def _house(self, session: "ProcessSession") -> "_Process | None":  # lock held
+        live = [p for p in self._procs if p.why_lost is None]
+        if not live:
+            return None
+        session.proc = min(live, key=lambda p: p.sessions)
+        session.proc.sessions += 1
+        return session.proc
 
     def _start(self) -> None:
         """The workers, at first use (lock held)."""
@@ -628,10 +643,12 @@ class ProcessPool(_Workers):
                 self._queue.append(job)
                 self._dispatch()
             else:
-                proc = session.proc
-                if proc is None or proc.dead or proc.why_lost is not None:
+                proc = session.proc or self._house(session)
+                if proc is None:
+                    self._homeless.append((session, job))
+                elif proc.dead or proc.why_lost is not None:
                     raise UserCodeError("lost", session.why_lost())
-                if proc.ready:
+                elif proc.ready:
                     self._send(proc, job)
                 else:
                     proc.waiting.append(job)
@@ -684,37 +701,44 @@ class ProcessPool(_Workers):
                 self._procs.remove(proc)
             lost = list(proc.inflight.values()) + proc.waiting
             proc.inflight, proc.waiting = {}, []
+            queued: list[_Job] = []
             if not proc.ready:
                 self._failed_starts += 1
                 if self._failed_starts >= _MAX_FAILED_STARTS and self.broken is None:
                     self.broken = (f"no {self.name} worker process could be started "
                                    f"({self._init_error or _exit_description(returncode)})")
+                    queued = list(self._queue) + [job for _, job in self._homeless]
+                    self._queue.clear()
+                    self._homeless.clear()
             replace = not self.closed and self.broken is None
-            if self.broken is not None:
-                lost += list(self._queue)
-                self._queue.clear()
-            why = proc.why_lost or f"its worker process {_exit_description(returncode)}" + (
-                " and was replaced" if replace else "")
-            proc.why_lost = why
-        error = UserCodeError("lost", why)
-        for job in lost:
-            with job.lock:
-                if job.state not in ("queued", "running"):
-                    continue
-                job.state = "finished"
-            _post(job, job.started, None)
-            _post(job, job.done, ("error", error))
+            proc.why_lost = proc.why_lost or f"its worker process " \
+                f"{_exit_description(returncode)}" + (" and was replaced" if replace else "")
         if replace:  # started outside the lock: the loop's calls need not wait for it
             fresh = _Process(self, next(self._numbers))
             with self._lock:
-                keep = not self.closed
-                if keep:
+                replace = not self.closed
+                if replace:
                     self._procs.append(fresh)
                     self.replaced += 1
-            if not keep:
+                    homeless, self._homeless = self._homeless, []
+                    for session, job in homeless:
+                        home = session.proc or self._house(session)
+                        if home.ready:  # it may have answered already
+                            self._send(home, job)
+                        else:
+                            home.waiting.append(job)
+            if not replace:
                 fresh.why_lost = CLOSED
                 fresh.outbox.put(None)
                 fresh.kill()
+        for jobs, why in ((lost, proc.why_lost), (queued, self.broken)):
+            for job in jobs:
+                with job.lock:
+                    if job.state not in ("queued", "running"):
+                        continue
+                    job.state = "finished"
+                _post(job, job.started, None)
+                _post(job, job.done, ("error", UserCodeError("lost", why)))
 
     def _give_up(self, job: _Job) -> bool:
         with job.lock:
@@ -745,8 +769,10 @@ class ProcessPool(_Workers):
             if self.closed:
                 return
             self.closed = True
-            procs, queued = list(self._procs), list(self._queue)
+            procs = list(self._procs)
+            queued = list(self._queue) + [job for _, job in self._homeless]
             self._queue.clear()
+            self._homeless.clear()
             for proc in procs:
                 proc.why_lost = proc.why_lost or CLOSED
         for job in queued:
@@ -774,8 +800,9 @@ class ProcessPool(_Workers):
 class ProcessSession:
     """A session of a process pool: its state lives in one worker process."""
 
-    def __init__(self, pool: ProcessPool, proc: _Process | None, number: int) -> None:
-        self.pool, self.proc, self.id = pool, proc, number
+    def __init__(self, pool: ProcessPool, number: int) -> None:
+        self.pool, self.id = pool, number
+        self.proc: _Process | None = None  # its worker process, from its first call
         self.closed = False
         self._turn: asyncio.Lock | None = None
 

@@ -22,6 +22,7 @@ SANS_IO = [
     "eddyrl.scheduler.buckets", "eddyrl.scheduler.prefix_tree", "eddyrl.scheduler.elastic",
     "eddyrl.scheduler.adaptive", "eddyrl.scheduler.plan_predictor",
     "eddyrl.scheduler.cost_model",
+    "eddyrl.engines.inference.versions",
     "eddyrl.sim.clock", "eddyrl.sim.runs", "eddyrl.sim.workload",
     "eddyrl.envs.base", "eddyrl.envs.episode",
 ]
@@ -34,6 +35,10 @@ FORBIDDEN = {
     "scheduler": {"core", "engines", "runtime", "sim"},
     "hal": {"core", "engines", "runtime", "sim", "scheduler"},
     "protocol": {"core", "engines", "runtime", "sim", "scheduler", "envs", "hal"},
+    # the user-code pool is below everything that runs user code (core, envs): it knows
+    # callables and pickles, nothing of rollouts, engines or environments
+    "usercode": {"core", "engines", "runtime", "sim", "scheduler", "envs", "hal", "config",
+                 "tasks", "models", "observability", "launch", "build"},
 }
 
 
