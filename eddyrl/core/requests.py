@@ -112,6 +112,9 @@ class Request:
     # workers where an abort for it arrived after its turn had ended there: the engine keeps
     # it and aborts the request's next turn on that worker (only an episode comes back)
     stale_aborts: set[int] = field(default_factory=set)
+    # it carries generated tokens (resumed from a partial output or a transcript): its version
+    # is fixed (C1); a fresh one may still start on newer weights (`relabel`)
+    resumed: bool = False
     history: list[str] = field(default_factory=list)
 
     def runs_on(self, worker: int) -> bool:
@@ -178,11 +181,12 @@ class RequestTable:
 
     def add(self, request: Request, worker: int | None, version: int) -> Request:
         """A new request, RUNNING on `worker` (PARKED when None)."""
-        if request.id in self._records or request.id in self._done:
-            raise IllegalTransition(f"request {request.id} is already in the table")
-        self._records[request.id] = request
+        known = self._records.get(request.id)
+        if known is not None or request.id in self._done:
+            raise IllegalTransition(self._describe(known or request, "add: already added"))
         status = Status.PARKED if worker is None else Status.RUNNING
-        self._go(request, status, worker, version, None, "add", "new")
+        self._go(request, status, worker, version, None, "add", "new")  # checked first
+        self._records[request.id] = request
         return request
 
     def move(self, request_id: str, target: int, why: str) -> None:
@@ -215,6 +219,7 @@ class RequestTable:
             raise IllegalTransition(self._describe(request, "restart a moving request: settle "
                                                             "its move first (arrive)"))
         self._go(request, Status.PARKED, None, request.version, None, "restart", why)
+        request.resumed = False  # from scratch
 
     def place(self, request_id: str, worker: int, version: int) -> None:
         """PARKED -> RUNNING on `worker` at `version`, from scratch."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -51,7 +50,6 @@ from .version_window import VersionWindow
 
 TRAINER = "trainer"
 NEEDED = ("response", "reward")
-log = logging.getLogger("eddyrl.rollout")
 
 
 @dataclass
@@ -236,6 +234,10 @@ class StreamingRollout:
             self._stray(worker, result, "progress_after_final" if request.worker is None or
                         request.worker == worker else "not_its_worker")
             return
+        if result.versions and not self.partial_rollout and \
+                result.versions[-1] != request.version:
+            # the engine's truth: the book guessed which weights a queued request started on
+            self.table.relabel(request.id, result.versions[-1])
         if not result.final:
             self.moves.route(request, result)
             return
@@ -269,10 +271,7 @@ class StreamingRollout:
         self._complete(request, result, None)
 
     def _stray(self, worker: int, result: GenerationResult, why: str) -> None:
-        """A result that is not the request's current one: counted and ignored."""
-        self.stray[why] += 1
-        log.warning("ignored a result from worker %d for request %s (%s; final=%s)",
-                    worker, result.request_id, why.replace("_", " "), result.final)
+        self.streams.stray_result(worker, result, why)
 
     def _complete(self, request: Request, result: GenerationResult,
                   reward: float | None) -> None:

@@ -7,8 +7,10 @@ streamed back to one handler, background tasks, and the failures they surface.
   the same way. Results of one decode step arrive together, so the resumes and aborts they
   cause go out as one call per worker (`_flush`).
 - Each generation call runs as a background task; its results go to `on_result(worker,
-  result)` unless the worker was lost since the call started (`incarnation`): results of a
-  lost incarnation are dropped, counted (`stray`), their requests were put back already.
+  result)` unless the worker was lost since the call started (`incarnation`: results of a
+  lost incarnation are dropped, their requests were put back already), or the result is not
+  one the call owes (a request it was not given, anything after a request's final): such
+  results are counted (`stray`, by why), named in a warning, and ignored.
 - A failure in a task is kept and re-raised to whoever waits next, except the loss of a
   worker's process (`WorkerLost`), which goes to `on_lost(worker, error)`. A BaseException
   that is not an Exception (KeyboardInterrupt) is re-raised at once as well.
@@ -17,12 +19,15 @@ streamed back to one handler, background tasks, and the failures they surface.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import Any, Awaitable, Callable
 
 from ..errors import WorkerLost
 from ..protocol import GenerationRequest, GenerationResult
 from .requests import Request
+
+log = logging.getLogger("eddyrl.rollout")
 
 
 class Streams:
@@ -50,6 +55,8 @@ class Streams:
         """Generate `request` on its worker: from its prompt, or resumed from `partial`'s
         tokens (a migration's abort, an episode's transcript). Batched per worker with the
         other sends of this moment, unless `now` (a dispatch sends its batch itself)."""
+        if partial is not None and partial.token_ids:
+            request.resumed = True
         self._sends.setdefault(request.worker, []).append((request, partial))
         if now:
             self.flush_sends()
@@ -111,12 +118,26 @@ class Streams:
     # -- receiving -------------------------------------------------------------------------
 
     async def _stream(self, worker: int, requests: list[GenerationRequest]) -> None:
+        """One generation call: each of its requests gets one final result from it; anything
+        else it reports (a request it was not given, anything after a request's final) is
+        stray, counted and ignored, before it reaches the request's record (a later run of
+        the same request, on the same worker, must not take it for its own)."""
         incarnation = self.incarnation[worker]
+        open_ids = {r.request_id for r in requests}
+        given = set(open_ids)
         try:
             async for result in self.runtime.generate(worker, requests):
                 if self.incarnation[worker] != incarnation:
-                    self.stray["old_incarnation"] += 1
+                    self.stray_result(worker, result, "old_incarnation")
                     return  # the worker was lost meanwhile; its requests run elsewhere now
+                if result.request_id not in open_ids:
+                    self.stray_result(worker, result, "unknown_request"
+                                      if result.request_id not in given else
+                                      "duplicate_final" if result.final else
+                                      "progress_after_final")
+                    continue
+                if result.final:
+                    open_ids.discard(result.request_id)
                 self.on_result(worker, result)
         except WorkerLost as lost:
             if self.incarnation[worker] == incarnation:
@@ -133,6 +154,12 @@ class Streams:
                 self._lost(worker, lost)
         except BaseException as exc:  # surfaced to whoever waits next
             self.fail(exc)
+
+    def stray_result(self, worker: int, result: GenerationResult, why: str) -> None:
+        """A result that is not its request's current one: counted and ignored, named."""
+        self.stray[why] += 1
+        log.warning("ignored a result from worker %d for request %s (%s; final=%s)",
+                    worker, result.request_id, why.replace("_", " "), result.final)
 
     def _lost(self, worker: int, lost: WorkerLost) -> None:
         try:

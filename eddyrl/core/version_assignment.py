@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..validation import check_range
-from .requests import RequestTable
+from .requests import RequestTable, Status
 
 
 KV_FILL = 0.75  # the KV-cache fill a consolidated legacy version may reach on its keepers
@@ -113,16 +113,23 @@ class VersionAssignment:
         """A new version was staged on every worker; `hosted` is what each one now runs (an
         idle worker applies new weights at once, a busy one keeps its version). Requests
         queued for an older staged version start on this one (the engine applies the newest
-        staged weights): they are relabelled. `adopt` (partial rollout): running requests go
-        on with the new weights, so every request is the latest version's."""
+        staged weights): they are relabelled — those that have generated nothing yet, were
+        waiting for their worker to drain an older version, and whose worker does not report
+        their version now (it took the newest weights as the request started, or is still
+        draining). A request with generated tokens keeps its version (C1). The book can be a
+        moment behind the engine (a result on its way); the rollout corrects a request's
+        version from the versions its result's tokens carry. `adopt` (partial rollout): running
+        requests go on with the new weights, so every request is the latest version's."""
         if len(hosted) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} worker versions, got {len(hosted)}")
-        self.latest = version
-        self.hosted = list(hosted)
+        before, self.latest, self.hosted = self.hosted, version, list(hosted)
         for request in self.requests:
-            if request.worker is None or request.version == version:
+            if request.worker is None or request.version >= version:
                 continue
-            if adopt or self.hosted[request.worker] < request.version < version:
+            worker = request.worker
+            if adopt or (request.status is Status.RUNNING and not request.resumed
+                         and before[worker] < request.version
+                         and self.hosted[worker] != request.version):
                 self.requests.relabel(request.id, version)
 
     def observed_kv(self, usage: list[float]) -> None:

@@ -1,27 +1,38 @@
-"""Randomized schedules against the real controller and streaming rollout (issue 18's proof,
-written against today's rollout before its redesign).
+"""Randomized schedules against the real controller and streaming rollout (issue 18's proof).
 
-Each seed picks the settings (K 0-3, partial rollout, DORA's migration and legacy fill,
-streaming refill, a lost worker, an elastic lend and take-back) and drives the real loop
-(`eddyrl.build.build_controller`) on scripted engines whose requests finish after a seeded
-number of tokens, each token followed by a seeded number of event-loop turns: the interleaving
-of finishes, aborts, refusals, weight publishes and moves differs from seed to seed. After the
-run: C1 (one version per trajectory, unless partial rollout), C2 (trained groups whole), C3
-(lag <= K) and the ledger's exactly-once, with the run's own errors (e.g. the version
-assignment's count checks) surfacing as failures.
+Each seed picks the settings (K 0-4, partial rollout, DORA's migration and legacy fill,
+streaming refill, Libra's router, multi-turn episodes with tools, a lost worker and its
+replacement, an elastic lend and take-back, engine faults) and drives the real loop
+(`eddyrl.build.build_controller`) on scripted engines whose turns end after a seeded number of
+tokens, each token followed by a seeded number of event-loop turns, and environments that
+answer after a seeded number of turns: the interleaving of dispatches, token progress,
+finishes, aborts, refusals, moves, weight publishes (busy, idle, held), lends, losses, turn
+ends and tool returns differs from seed to seed. Engine faults (`faults`): a duplicate final
+result, progress after a final, a result for a request no one sent, a lost worker's result
+arriving after its replacement — each must be counted and ignored.
 
-The sweep is opt-in while the rollout still keeps a request's place in several records (some
-schedules that lose a worker while another is lent still fail, see the issue's notes):
-`EDDY_SCHEDULES=200 python -m pytest tests/core/test_random_schedules.py` runs 200 seeds
-(`EDDY_SCHEDULE_SEED` the first one); a failure names its seed and settings.
+After every event the runtime sees (each result, abort, train step, weight sync, lend,
+replacement): the request table's invariants (each request in one status; the counts derived
+from the records equal the kept ones) and C1 on every result (one version per response,
+unless partial rollout). The book may be behind an engine for a moment (a request sent for a
+version its idle engine just replaced is refused and restarts): C1 is the engines' output. After the run: C2 (trained
+groups whole, every sample present), C3 (lag <= K) and exactly-once (the ledger: no prompt
+trained twice as fresh, no group trained twice).
+
+The default run sweeps 10,000 seeds (`EDDY_SCHEDULES=N` sweeps N from `EDDY_SCHEDULE_SEED`,
+`EDDY_SCHEDULE_STEPS` training steps each). A failing seed is reported with its settings, the
+fewest steps that still fail, the last events, and the command that reruns it alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import multiprocessing
 import os
 import random
 import zlib
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -29,15 +40,24 @@ from eddyrl.build import build_controller
 from eddyrl.core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from eddyrl.core.controller import LoopSettings
 from eddyrl.core.rewarding import SafeReward
+from eddyrl.envs import Environment, EpisodeLimits, Reply
+from eddyrl.envs.loading import EnvironmentFactory
 from eddyrl.errors import WorkerLost
-from eddyrl.protocol import SamplingParams
+from eddyrl.protocol import GenerationResult, SamplingParams
+from eddyrl.scheduler.buckets import BucketSpec, RoutingConfig
 from eddyrl.scheduler.elastic import ElasticConfig
 from eddyrl.tasks.prompts import Prompt, PromptSet
 
 from scripted_engine import ScriptedEngine
 
-SCHEDULES = int(os.environ.get("EDDY_SCHEDULES", "0"))
+# The default run: 10,000 seeds of 3 training steps each, spread over a process per core
+# (measured: ~12 ms a schedule on one core of the 2-core CI machine, ~60 s in all idle).
+# EDDY_SCHEDULES / EDDY_SCHEDULE_SEED / EDDY_SCHEDULE_STEPS change it (the long mode).
+SCHEDULES = int(os.environ.get("EDDY_SCHEDULES", "10000"))
 FIRST_SEED = int(os.environ.get("EDDY_SCHEDULE_SEED", "0"))
+STEPS = int(os.environ.get("EDDY_SCHEDULE_STEPS", "3"))
+RERUN = ("EDDY_SCHEDULES=1 EDDY_SCHEDULE_SEED={seed} EDDY_SCHEDULE_STEPS={steps} "
+         "python -m pytest -q tests/core/test_random_schedules.py -k sweep")
 
 
 class Lengths:
@@ -52,13 +72,15 @@ class Lengths:
 
 class JitteryEngine(ScriptedEngine):
     """ScriptedEngine whose turns take a seeded number of tokens (`lengths` of the call's first
-    request: the scripted engine has one turn length) and whose tokens take a seeded number of
-    event-loop turns: the schedule's randomness."""
+    request) and whose tokens take a seeded number of event-loop turns; with `faults`, it
+    sometimes repeats a final result, reports progress after one, or reports a request no
+    one sent."""
 
-    def __init__(self, seed: int, lengths: Lengths, **kwargs):
+    def __init__(self, seed: int, lengths: Lengths, faults: bool, **kwargs):
         super().__init__(token=5, **kwargs)
         self.rng = random.Random(seed)
         self.lengths = lengths
+        self.faults = faults
 
     async def generate(self, requests):
         self.turn_tokens = self.lengths(requests[0].request_id)
@@ -66,21 +88,64 @@ class JitteryEngine(ScriptedEngine):
             for _ in range(self.rng.randrange(4)):
                 await asyncio.sleep(0)
             yield result
+            if self.faults and result.final and self.rng.random() < 0.1:
+                kind = self.rng.randrange(3)
+                if kind == 0:
+                    yield result  # the same final result again
+                elif kind == 1:
+                    yield GenerationResult(result.request_id, result.prompt_ids,
+                                           result.token_ids, result.logprobs,
+                                           result.versions, None)  # progress after final
+                else:
+                    yield GenerationResult("nobody-0", result.prompt_ids, [5], [-1.0],
+                                           [self.version], "stop")
+
+
+class Chars:
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+
+class Dice(Environment):
+    """A tool environment whose answers take a seeded number of event-loop turns and whose
+    episode ends at a seeded turn, with a seeded reward."""
+
+    def __init__(self, *, seed, **base):
+        super().__init__(**base)
+        self.rng = random.Random(f"{seed}:{self.prompt}")
+        self.last = 1 + self.rng.randrange(3)
+
+    async def respond(self, action):
+        for _ in range(self.rng.randrange(4)):
+            await asyncio.sleep(0)
+        if self.turns >= self.last:
+            return Reply(done=True, reward=float(self.rng.random() < 0.5))
+        return Reply(text="ok", tool=self.rng.choice(["calc", "search"]),
+                     status=self.rng.choice(["success", "failure"]))
 
 
 class ScheduleRuntime:
     """Engines in this process, a trainer that records batches, weight publishes that stage on
-    busy engines; optionally a worker lost once (and replaced) and lending to training."""
+    busy engines (held where asked); optionally worker 0 lost once (and replaced: a call of
+    the lost process may still deliver one late result), and lending to training. After every
+    event: `check`."""
 
-    def __init__(self, engines, rng: random.Random, lose_at: int | None) -> None:
+    def __init__(self, engines, rng: random.Random, lose_at: int | None, partial: bool) -> None:
         self.workers = engines
         self.rng = rng
+        self.partial = partial
         self.batches: list[list] = []
+        self.events: list[tuple] = []
         self.published = 0
         self.results = 0
         self.lose_at = lose_at  # the result count at which worker 0 is lost, once
         self.dead: set[int] = set()
         self.replacements = 0
+        self.rollout = None  # set once the controller is built
+
+    def check(self, event: tuple) -> None:
+        self.events.append(event)
+        self.rollout.table.check()
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -88,23 +153,36 @@ class ScheduleRuntime:
     async def generate(self, worker, requests):
         if worker in self.dead:
             raise WorkerLost(worker, "generate", "killed by the schedule")
+        late = False
         async for result in self.workers[worker].generate(requests):
             self.results += 1
             if self.lose_at is not None and self.results >= self.lose_at and worker == 0:
                 self.lose_at = None
                 self.dead.add(0)
+                late = True  # this call reports the loss; others of it deliver one more
+            elif worker in self.dead and not late:
+                late = True
+                for _ in range(3):
+                    await asyncio.sleep(0)  # the loss is known by now: an old incarnation's
+                yield result
             if worker in self.dead:
                 raise WorkerLost(worker, "generate", "killed by the schedule")
+            if not self.partial:
+                assert len(set(result.versions)) <= 1, ("C1", result.request_id,
+                                                        result.versions)
             yield result
+            self.check(("result", worker, result.request_id, result.finish_reason))
 
     async def abort(self, worker, request_ids):
         await self.workers[worker].abort(request_ids)
+        self.check(("abort", worker, tuple(request_ids)))
 
     async def worker_stats(self):
         return [engine.stats() for engine in self.workers]
 
     async def train(self, batch, replicas=()):
         self.batches.append(batch)
+        self.check(("train", len(self.batches), tuple(replicas)))
         for _ in range(self.rng.randrange(3)):
             await asyncio.sleep(0)
         return {}
@@ -113,27 +191,31 @@ class ScheduleRuntime:
         self.published = version
         for index, engine in enumerate(self.workers):
             await engine.load_weights(version, hold=index in hold)
+        self.check(("sync", version, tuple(hold)))
         return [engine.version for engine in self.workers]
 
     async def replace_worker(self, worker):
         old = self.workers[worker]
-        engine = JitteryEngine(self.rng.randrange(1 << 30), old.lengths,
+        engine = JitteryEngine(self.rng.randrange(1 << 30), old.lengths, old.faults,
                                partial_rollout=old.partial_rollout)
         await engine.load_weights(self.published)
         self.workers[worker] = engine
         self.dead.discard(worker)
         self.replacements += 1
+        self.check(("replaced", worker))
         return self.published
 
     # -- elastic: a lent worker generates nothing; its replica holds the published weights --
     async def join_training(self, worker):
         await asyncio.sleep(0)
+        self.check(("lent", worker))
 
     async def replica_version(self, worker):
         return self.published
 
     async def leave_training(self, worker):
         await self.workers[worker].load_weights(self.published)
+        self.check(("back", worker))
         return self.workers[worker].version
 
 
@@ -141,82 +223,132 @@ def _prompts(count: int) -> PromptSet:
     return PromptSet([Prompt(i, f"p{i}", "1", (1, 3 + i % 5)) for i in range(count)], 0)
 
 
-def _settings(rng: random.Random) -> tuple[dict, LoopSettings, int]:
-    k = rng.randrange(4)
+def _settings(rng: random.Random, steps: int = 5) -> tuple[dict, LoopSettings, int]:
+    k = rng.randrange(5)
     partial = k > 0 and rng.random() < 0.3
     workers = rng.choice([1, 2, 3])
     choice = {"K": k, "partial": partial, "workers": workers,
               "migrate": rng.random() < 0.7, "fill_legacy": not partial and rng.random() < 0.4,
               "refill": rng.choice(["batch", "stream"]),
               "lose": workers > 1 and rng.random() < 0.3,
-              "elastic": workers > 1 and rng.random() < 0.3}
+              "elastic": workers > 1 and rng.random() < 0.3,
+              "router": workers > 1 and rng.random() < 0.3,
+              "episodes": rng.random() < 0.3, "faults": rng.random() < 0.3}
     schedule = [f"1 join {workers - 1}", f"3 leave {workers - 1}"] if choice["elastic"] else []
+    routing = RoutingConfig(
+        policy="bucket", buckets=[BucketSpec("short", 4, workers=1),
+                                  BucketSpec("long", 64, workers=workers - 1)],
+        milestones=[2, 4], window=20, rebuild_every=1, min_observations=1) \
+        if choice["router"] else RoutingConfig()
+    env = EnvironmentFactory(Dice, "Dice", dict(tokenizer=Chars(), seed=rng.randrange(1000),
+                                                limits=EpisodeLimits(max_turns=4))) \
+        if choice["episodes"] else None
     settings = LoopSettings(
-        loop=LoopConfig(steps=5, batch_prompts=2, eval_every=0),
+        loop=LoopConfig(steps=steps, batch_prompts=2, eval_every=0),
         algorithm=AlgorithmConfig(dynamic_sampling=False),
         window=WindowConfig(max_staleness=k, partial_rollout=partial,
                             migrate=choice["migrate"], fill_legacy=choice["fill_legacy"],
                             refill=choice["refill"]),
-        sampling=SamplingParams(max_new_tokens=8), n_samples=2, seed=0, pad_id=0,
-        max_batch_size=4,
+        sampling=SamplingParams(max_new_tokens=24 if env else 8), n_samples=2, seed=0,
+        pad_id=0, max_batch_size=4, routing=routing, env=env,
         elastic=ElasticConfig(enabled=choice["elastic"], schedule=schedule,
                               min_rollout_workers=1))
     return choice, settings, workers
 
 
-def run_schedule(seed: int) -> dict:
-    """One seeded schedule; returns its settings; raises on any broken promise."""
+def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
+    """One seeded schedule; returns its settings and runtime; raises on any broken promise."""
     rng = random.Random(seed)
-    choice, settings, workers = _settings(rng)
+    choice, settings, workers = _settings(rng, steps)
     lengths = Lengths(seed)
-    engines = [JitteryEngine(rng.randrange(1 << 30), lengths, partial_rollout=choice["partial"])
-               for _ in range(workers)]
-    runtime = ScheduleRuntime(engines, rng, lose_at=rng.randrange(1, 20) if choice["lose"]
-                              else None)
-    prompts = _prompts(40)
-    controller = build_controller(settings, runtime, prompts, _prompts(2),
+    engines = [JitteryEngine(rng.randrange(1 << 30), lengths, choice["faults"],
+                             partial_rollout=choice["partial"]) for _ in range(workers)]
+    runtime = ScheduleRuntime(engines, rng, rng.randrange(1, 20) if choice["lose"] else None,
+                              choice["partial"])
+    controller = build_controller(settings, runtime, _prompts(40), _prompts(2),
                                   decode=lambda ids: "x" * len(ids),
                                   reward=SafeReward(lambda text, answer: float(len(text) % 2)),
                                   build_batch=lambda groups, pad, **_: list(groups))
+    runtime.rollout = controller.rollout
 
     async def go():
         return await asyncio.wait_for(controller.run(), timeout=60)
 
-    asyncio.run(go())
-    k = choice["K"]
-    for step, groups in enumerate(runtime.batches):  # the trainer was at version `step`
-        for group in groups:
-            assert len(group.trajectories) == settings.n_samples, ("C2", group.group_id)
-            for trajectory in group.trajectories:
-                versions = set(trajectory.result.versions)
-                if not choice["partial"]:
-                    assert len(versions) == 1, ("C1", group.group_id, versions)
-                assert step - min(versions) <= k, ("C3", group.group_id, step, versions)
-    trained = [g.group_id for groups in runtime.batches for g in groups]
-    assert len(trained) == len(set(trained)), "a group trained twice as fresh"
-    return choice
+    try:
+        asyncio.run(go())
+        k = choice["K"]
+        for step, groups in enumerate(runtime.batches):  # the trainer was at version `step`
+            for group in groups:
+                samples = sorted(int(t.result.request_id.rsplit("-", 1)[1])
+                                 for t in group.trajectories)
+                assert samples == list(range(settings.n_samples)), ("C2", group.group_id)
+                for trajectory in group.trajectories:
+                    versions = set(trajectory.result.versions)
+                    if not choice["partial"]:
+                        assert len(versions) == 1, ("C1", group.group_id, versions)
+                    assert step - min(versions) <= k, ("C3", group.group_id, step, versions)
+        trained = [g.group_id for groups in runtime.batches for g in groups]
+        assert len(trained) == len(set(trained)), "a group trained twice as fresh"
+        once = controller.ledger.check_exactly_once(range(40), 0)
+        assert not once.duplicated, ("exactly-once", once)
+    except BaseException as exc:
+        exc.add_note(f"last events: {runtime.events[-8:]}")
+        raise
+    return choice, runtime
 
 
-@pytest.mark.skipif(not SCHEDULES, reason="opt-in: EDDY_SCHEDULES=N runs N seeded schedules")
-def test_random_schedules_keep_c1_c2_c3_and_exactly_once():
+def _report(seed: int, steps: int, exc: BaseException) -> str:
+    """The seed, its settings, the fewest steps that still fail, the error, the last events,
+    and the command that reruns it."""
+    fewest = next((n for n in range(1, steps) if _fails(seed, n)), steps)
+    notes = "; ".join(getattr(exc, "__notes__", []))
+    return (f"seed {seed} {_settings(random.Random(seed))[0]} fails from {fewest} step(s): "
+            f"{type(exc).__name__}: {exc} [{notes}]\n"
+            f"    rerun: {RERUN.format(seed=seed, steps=fewest)}")
+
+
+def _fails(seed: int, steps: int) -> bool:
+    try:
+        run_schedule(seed, steps)
+    except BaseException:  # noqa: BLE001 - any failure counts
+        return True
+    return False
+
+
+def sweep(first: int, count: int, steps: int) -> list[str]:
+    """Run seeds first .. first + count - 1; the reports of those that fail (at most 5)."""
+    logging.disable(logging.WARNING)  # the engine faults' warnings, thousands of them
     failures = []
-    for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
+    for seed in range(first, first + count):
         try:
-            run_schedule(seed)
+            run_schedule(seed, steps)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported with its seed
-            rng = random.Random(seed)
-            failures.append(f"seed {seed} {_settings(rng)[0]}: {type(exc).__name__}: {exc}")
-    assert not failures, f"{len(failures)} of {SCHEDULES} schedules failed:\n" + \
-        "\n".join(failures[:20])
+            failures.append(_report(seed, steps, exc))
+            if len(failures) >= 5:
+                break
+    return failures
 
 
-# Seeds that failed on the rollout before a refused result of a request being moved was
-# settled on its move's target (the assignment's book had it there; the restart took it off
-# the source: "worker W has 0 running requests of version V, not 1", the CI failure of
-# issue 18), and before that move's abort, still waiting on the source, was known to be stale
-# for the restarted request (818 and 926 lose no worker and lend none); and (297, 711, 726,
-# 898) before the elastic driver asked the rollout, not only the pool, whether a worker may
-# be lent: the pool does not know that the only other worker is lost and being replaced.
+def test_random_schedules_sweep_keeps_c1_c2_c3_and_exactly_once():
+    processes = min(os.cpu_count() or 1, 8, max(1, SCHEDULES // 500))
+    share = -(-SCHEDULES // processes)
+    chunks = [(FIRST_SEED + i * share, min(share, SCHEDULES - i * share), STEPS)
+              for i in range(processes) if SCHEDULES - i * share > 0]
+    if processes == 1:
+        failures = sweep(*chunks[0])
+    else:  # spawned: a forked copy of a test process that loaded torch could hang
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")
+                                 ) as pool:
+            failures = [f for part in pool.map(sweep, *zip(*chunks)) for f in part]
+    assert not failures, f"{len(failures)} schedule(s) failed:\n" + "\n".join(failures)
+
+
+# Seeds that failed on the rollout before its request table (issue 18): 81, 93, 99 (a
+# refused result of a request being moved: "worker W has 0 running requests of version V,
+# not 1", the CI failure), 818, 926 (that move's stale abort hit the restarted request),
+# 297, 711, 726, 898 (a worker lent while the only other one was lost), and the six of 2,000
+# that still failed on the old rollout (a dispatch with every worker lost or lent: no worker
+# to pick; a count error) are among the sweep's seeds.
 REGRESSIONS = (81, 93, 99, 818, 926, 297, 711, 726, 898)
 
 
@@ -225,7 +357,15 @@ def test_schedules_that_broke_the_books_now_keep_every_promise(seed):
     run_schedule(seed)
 
 
-def test_one_schedule_runs_its_settings_through():
-    """The harness itself (fast, always on): one seed's run completes with its checks."""
-    choice = run_schedule(3)
-    assert set(choice) >= {"K", "partial", "workers"}
+def test_the_sweep_covers_every_setting_and_fault():
+    """The harness itself: over the first seeds, every setting is drawn both ways, and the
+    faults, losses and lends happen (a sweep that never drew them would prove nothing)."""
+    seen: dict[str, set] = {}
+    strays = 0
+    for seed in range(60):
+        choice, runtime = run_schedule(seed)
+        for key, value in choice.items():
+            seen.setdefault(key, set()).add(value)
+        strays += sum(runtime.rollout.stray.values())
+    assert all(len(values) >= 2 for values in seen.values()), seen
+    assert seen["K"] == {0, 1, 2, 3, 4} and strays > 0
