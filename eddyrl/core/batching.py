@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .advantages import broadcast_to_tokens, group_advantages
-from .store import balanced_partition
+from .partition import balanced_partition
 from ..protocol import Group, TrainBatch
 
 

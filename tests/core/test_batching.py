@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from eddyrl.core.batching import balanced_partition, build_train_batch, split_for_ranks
+from eddyrl.core.batching import build_train_batch, split_for_ranks
+from eddyrl.core.partition import balanced_partition
 from eddyrl.protocol import GenerationResult, Group, Trajectory
 
 
