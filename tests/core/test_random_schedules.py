@@ -95,7 +95,7 @@ class JitteryEngine(ScriptedEngine):
                 elif kind == 1:
                     yield GenerationResult(result.request_id, result.prompt_ids,
                                            result.token_ids, result.logprobs,
-                                           result.versions, None)  # progress after final
+                                           result.versions, "progress")  # after final
                 else:
                     yield GenerationResult("nobody-0", result.prompt_ids, [5], [-1.0],
                                            [self.version], "stop")
