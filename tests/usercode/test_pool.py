@@ -117,11 +117,17 @@ def test_a_call_whose_caller_is_cancelled_before_it_starts_never_runs(release):
 
 
 def test_closing_the_pool_fails_the_waiting_calls_and_refuses_new_ones(release):
+    started = threading.Event()
+
+    def starts_then_blocks():
+        started.set()
+        return blocks(release)
+
     async def scenario():
         pool = ThreadPool(1)
-        running = asyncio.ensure_future(pool.call(blocks, release))
+        running = asyncio.ensure_future(pool.call(starts_then_blocks))
         waiting = asyncio.ensure_future(pool.call(add, 1, 1))
-        await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(started.wait, 30)
         pool.close()
         with pytest.raises(UserCodeError, match="closed") as error:
             await waiting

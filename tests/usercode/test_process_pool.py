@@ -205,7 +205,7 @@ def test_closing_the_pool_leaves_no_worker_process():
 def test_a_reward_worker_that_dies_or_hangs_scores_zero_and_the_run_goes_on(answer, error):
     async def scenario():
         reward = SafeReward(reward_by_answer, timeout_s=LIMIT, pool=ProcessPool(2))
-        assert await reward.score("ab", "") == (2.0, None)  # both workers started
+        assert await reward.score("ab", "") == (2.0, None)
         scores = await asyncio.gather(reward.score("x", answer), reward.score("abc", ""))
         assert scores == [(0.0, error), (3.0, None)]
         assert await reward.score("abcd", "") == (4.0, None)
