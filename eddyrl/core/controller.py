@@ -140,6 +140,7 @@ class Controller:
                 "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
+                **({"stray_results": dict(self.rollout.stray)} if self.rollout.stray else {}),
                 **({"routing": self._routing_report()} if self.rollout.router else {}),
                 **({"env": report} if (report := self.rollout.episodes.report()) else {}),
                 **({"elastic": report} if (report := self.elastic.report()) else {}),

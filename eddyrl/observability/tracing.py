@@ -247,6 +247,14 @@ class TimedReward(SafeReward):
         finally:
             self.tracer._mark("reward", [("driver", 0)], False)
 
+    async def score(self, response: str, answer: str) -> tuple[float, str | None]:
+        """As the rollout scores: in the reward pool, drawn from the call to its answer."""
+        self.tracer._mark("reward", [("driver", 0)], True)
+        try:
+            return await SafeReward.score(self, response, answer)
+        finally:
+            self.tracer._mark("reward", [("driver", 0)], False)
+
 
 def flush_at_checkpoints(checkpoint, every: int, trace: Trace, path: str):
     """The controller's between-steps hook `checkpoint`, followed by a write of the trace so

@@ -15,10 +15,12 @@ A response with none of these earns 0.0.
 Never raises on any response or answer (0.0 instead), and bounded in time: answers longer than
 MAX_ANSWER_CHARS are refused before parsing, and in the main thread math-verify's own timeouts
 (`parse(..., parsing_timeout=)`, `verify(..., timeout_seconds=)`, which use SIGALRM) cut off a
-slow parse or comparison (Eddy's controller scores in the main thread). SIGALRM works only in
-the main thread, so elsewhere the timeouts are off and only the length cap applies, which does
-not bound every comparison (a tower of powers can take minutes). Simplified: scoring in a
-worker process with a kill would bound it anywhere, at a far higher cost per sample.
+slow parse or comparison. SIGALRM works only in a main thread: rewards run in the
+`user_code.reward` pool, on worker threads by default, where these timeouts are off and only
+the length cap and the pool's `data.reward_timeout_s` apply (a timed-out thread is abandoned,
+not stopped). The math recipes set `user_code.reward.mode: process`: each worker process runs
+the reward in its main thread, so math-verify's timeouts work, and the pool kills a worker
+that runs past `data.reward_timeout_s`.
 """
 
 from __future__ import annotations
