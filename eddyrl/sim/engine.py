@@ -12,7 +12,9 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
   for staged weights, or is refused), delayed weight updates (staged while requests run, applied
   once they drain; with partial rollout at the next step, running sequences then re-prefilling
   their context under the new weights, as `vllm` does), abort with partial output, progress
-  notes at `report_at` lengths;
+  notes at `report_at` lengths. The version rules are the gate's (engines/inference/versions.py),
+  asked for each sequence as it would enter the batch; a sequence holds the hosted version from
+  its first admission to its final result, preempted or waiting for a tool included;
 - **multi-turn episodes** (`episode_of`): a sequence that reaches one of its tool calls leaves
   the batch, keeps its KV cache while the tool runs on the loop's clock (the engine is idle if
   nothing else runs), then queues again at its rank with the observation appended to its
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Sequence
 
 from ..scheduler.cost_model import CostModel
 from ..engines.inference.base import InferenceEngine
+from ..engines.inference.versions import Admission, VersionGate
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
 from .sequence import SimSequence, ToolWaits, default_kv_capacity
 
@@ -75,12 +78,11 @@ class SimInferenceEngine(InferenceEngine):
         self.correct_of = correct_of
         self.max_batch_size = max_batch_size
         self.kv_capacity_tokens = kv_capacity_tokens or default_kv_capacity(cost)
-        self.partial_rollout = partial_rollout
         self.trace = trace
         self.episode_of = episode_of
         self.carry_kv = carry_kv
-        self._version = version
-        self._staged: int | None = None
+        # versions: hosted, staged, and the sequences that hold the hosted one (`seq.hosted`)
+        self._gate = VersionGate(version, partial_rollout=partial_rollout)
         self._waiting: list[SimSequence] = []  # by rank: priority, then arrival
         self._running: dict[int, SimSequence] = {}
         # heaps of (engine step, id, sequence): when each ends, reports, calls a tool
@@ -103,7 +105,11 @@ class SimInferenceEngine(InferenceEngine):
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._gate.hosted
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self._gate.partial_rollout
 
     @property
     def tool_calls(self) -> int:
@@ -159,10 +165,9 @@ class SimInferenceEngine(InferenceEngine):
 
     async def load_weights(self, version: int, buckets=(), *, hold: bool = False) -> None:
         """Weights are a version number here; their transfer time is the runtime's."""
-        self._staged = version
-        if not (hold or self._holds_version()):
-            self._apply_staged()  # idle: at once; partial rollout: at the next step boundary
-        self._wake_server()
+        if self._gate.stage(version, hold=hold):
+            self._apply_staged()  # idle: at once
+        self._wake_server()  # partial rollout: at the next step boundary
 
     async def sleep(self) -> None:
         self._sleeping = True
@@ -175,16 +180,17 @@ class SimInferenceEngine(InferenceEngine):
         if max_batch_size is not None:
             self.max_batch_size = max_batch_size
         if partial_rollout is not None:
-            self.partial_rollout = partial_rollout  # staged weights apply at the next step
+            self._gate.partial_rollout = partial_rollout  # staged weights apply at the next step
         self._wake_server()
 
     def stats(self) -> EngineStats:
         # waiting: queued, or waiting for a tool (not idle: it comes back)
         return EngineStats(running=len(self._running),
-                           waiting=len(self._waiting) + len(self._tools), version=self._version,
+                           waiting=len(self._waiting) + len(self._tools),
+                           version=self._gate.hosted,
                            tokens_generated=self._tokens, busy_seconds=self._busy,
                            kv_cache_usage=self._kv_used() / self.kv_capacity_tokens,
-                           staged_version=self._staged, sleeping=self._sleeping)
+                           staged_version=self._gate.staged, sleeping=self._sleeping)
 
     # ---- serving ----------------------------------------------------------------------------
     def _wake_server(self) -> None:
@@ -196,7 +202,7 @@ class SimInferenceEngine(InferenceEngine):
         try:
             while True:
                 self._interrupt.clear()
-                if self.partial_rollout:  # the step under way has completed: new weights now
+                if self._gate.due():  # partial rollout: the step under way has completed
                     self._apply_staged()
                 self._settle_aborts()
                 if not (self._running or self._waiting):
@@ -216,18 +222,17 @@ class SimInferenceEngine(InferenceEngine):
         """Refuse what needs gone weights, switch to staged weights once the old version has
         drained, and move waiting sequences into the batch while it and the KV cache have room;
         their prefill takes the engine's time."""
-        if self._staged is not None and not self._holds_version() and any(
-                self._wants_newer(seq) for seq in self._waiting):
+        if self._gate.can_switch() and any(
+                self._admission(seq) is Admission.WAIT for seq in self._waiting):
             self._apply_staged()
         prefill, kept = 0.0, []
         for index, seq in enumerate(self._waiting):
-            need = None if self.partial_rollout else seq.request.version
-            if seq.hosted is not None and not self.partial_rollout:
-                need = seq.hosted  # preempted: it must continue on its own version
-            if need is not None and need < self._version:
+            admission = self._admission(seq)
+            if admission is Admission.REFUSE:
                 self._finish(seq, "refused")
                 continue
-            if need is not None and need > self._version:
+            if admission is Admission.WAIT:
+                seq.waited = True
                 kept.append(seq)  # waits for the old version to drain; others may pass it
                 continue
             # in rank order (priority, then first come, first served): once the head does not
@@ -249,16 +254,19 @@ class SimInferenceEngine(InferenceEngine):
             self._busy += prefill
             if self.trace is not None:
                 self.trace("prefill", asyncio.get_running_loop().time(), prefill,
-                           {"running": len(self._running), "version": self._version})
+                           {"running": len(self._running), "version": self._gate.hosted})
             await asyncio.sleep(prefill)
 
     def _start(self, seq: SimSequence) -> None:
         sid = next(self._ids)
         seq.order = sid
         seq.offset = self._step - seq.tokens
-        if not seq.segments or seq.segments[-1][0] != self._version:
-            seq.segments.append((self._version, seq.tokens))
-        seq.hosted = None
+        version = self._gate.token_version()
+        if not seq.segments or seq.segments[-1][0] != version:
+            seq.segments.append((version, seq.tokens))
+        if seq.hosted is None:
+            self._gate.started()  # from now on it holds the hosted version, until its end
+        seq.hosted = version
         self._held_kv -= seq.cached
         seq.cached = 0
         self._running[sid] = seq
@@ -292,7 +300,7 @@ class SimInferenceEngine(InferenceEngine):
             done = steps
         if self.trace is not None:
             self.trace("decode", began, done * step_s,
-                       {"batch": batch, "steps": done, "version": self._version})
+                       {"batch": batch, "steps": done, "version": self._gate.hosted})
         self._advance(done, batch, step_s)
 
     def _advance(self, steps: int, batch: int, step_s: float) -> None:
@@ -308,8 +316,7 @@ class SimInferenceEngine(InferenceEngine):
             if self._running.get(sid) is seq:
                 seq.cached = self._context(self._stop(sid))
                 self._held_kv += seq.cached
-                seq.hosted = self._version
-                self._call_tool(seq)
+                self._call_tool(seq)  # it keeps holding the hosted version (`seq.hosted`)
         while self._finishes and self._finishes[0][0] <= self._step:
             _, sid, seq = heapq.heappop(self._finishes)
             if self._running.get(sid) is seq:
@@ -340,9 +347,7 @@ class SimInferenceEngine(InferenceEngine):
         if idle is not None and idle.rank > self._running[sid].rank:
             self._drop_cache(idle)
             return
-        seq = self._stop(sid)
-        seq.hosted = self._version
-        self._queue(seq)
+        self._queue(self._stop(sid))  # it keeps holding the hosted version (`seq.hosted`)
         self.preemptions += 1
 
     def _make_room(self, tokens: int, rank: tuple[int, int]) -> bool:
@@ -374,7 +379,7 @@ class SimInferenceEngine(InferenceEngine):
             self._queue(seq)
             return
         versions = seq.request.resume_versions  # the answer's tokens carry the last version
-        seq.segments.append((versions[-1] if versions else self._version, seq.tokens))
+        seq.segments.append((versions[-1] if versions else self._gate.hosted, seq.tokens))
         self._call_tool(seq)
 
     def _call_step(self, seq: SimSequence) -> int:
@@ -410,26 +415,30 @@ class SimInferenceEngine(InferenceEngine):
         return seq
 
     # ---- versions ---------------------------------------------------------------------------
-    def _holds_version(self) -> bool:
-        """Whether some request still needs the hosted weights (running, preempted, or
-        waiting for a tool)."""
-        return bool(self._running) or \
-            any(s.hosted is not None for s in [*self._waiting, *self._tools])
-
-    def _wants_newer(self, seq: SimSequence) -> bool:
-        return seq.request.version is None or seq.request.version > self._version
+    def _admission(self, seq: SimSequence) -> Admission:
+        """The gate's answer for a waiting sequence: one that holds the hosted version
+        (preempted, back from a tool) asks for it, others for their request's version."""
+        version = seq.hosted if seq.hosted is not None else seq.request.version
+        return self._gate.admit(version, waited=seq.waited,
+                                who=f"request {seq.request.request_id}")
 
     def _apply_staged(self) -> None:
-        if self._staged is None:
-            return
-        self._version, self._staged = self._staged, None
+        self._gate.apply()
         # partial rollout: running sequences go on under the new weights, but their KV cache
         # came from the old ones, so they re-prefill their context first, as the `vllm` engine
         # does (it aborts them, resets its prefix cache and resumes them); idle caches go too
         for sid in list(self._running):
-            self._queue(self._stop(sid))
+            seq = self._stop(sid)
+            self._release(seq)  # held again when it re-enters the batch
+            self._queue(seq)
         for seq in self._idle_holders():
             self._drop_cache(seq, preempted=False)
+
+    def _release(self, seq: SimSequence) -> None:
+        """It no longer holds the hosted version (ended, or switched by partial rollout)."""
+        if seq.hosted is not None:
+            seq.hosted = None
+            self._gate.finished()
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _next_event(self) -> int:
@@ -450,6 +459,7 @@ class SimInferenceEngine(InferenceEngine):
         return len(seq.request.prompt_ids) + seq.tokens
 
     def _finish(self, seq: SimSequence, reason: str) -> None:
+        self._release(seq)
         self._held_kv -= seq.cached
         seq.cached = 0
         seq.out.put_nowait(self._result(seq, reason))

@@ -28,7 +28,10 @@ class SimSequence:
     # (version, token index it started at) for the tokens generated here: one entry unless
     # partial rollout changed the weights under it
     segments: list[tuple[int, int]] = field(default_factory=list)
-    hosted: int | None = None  # version it holds while off the batch (None: not started)
+    # the version it holds from its admission to its end, running or off the batch (preempted,
+    # waiting for a tool); None: not admitted yet, or switched by partial rollout
+    hosted: int | None = None
+    waited: bool = False  # it waited for newer weights: it starts on the newest (versions.py)
     calls: Sequence[ToolCall] = ()  # its episode's tool calls
     next_call: int = 0  # index in calls of the next one it makes
     observed: int = 0  # observation tokens in its output (of the calls before next_call)

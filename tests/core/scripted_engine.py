@@ -1,8 +1,9 @@
 """A scripted inference engine for deterministic rollout tests: the `hf` engine's version
 contract without a model, stepping on the event loop only (no threads, no clock).
 
-- A request of the hosted version joins at once; of a newer version it waits for the running
-  requests to drain, then the staged weights are applied; of an older one it is refused.
+- The version gate's rules (eddyrl/engines/inference/versions.py), asked once per generate call:
+  a request of the hosted version joins at once; of a newer version it waits for the running
+  requests to drain, then the newest staged weights are applied; of an older one it is refused.
 - `load_weights` stages; an idle engine not told to `hold` (or one with partial rollout)
   applies at once.
 - Every turn is `turn_tokens` tokens: `token` repeated, then `STOP` ("stop"); each carries
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
+from eddyrl.engines.inference.versions import Admission, VersionGate
 from eddyrl.protocol import EngineStats, GenerationResult
 
 STOP = 2
@@ -24,34 +26,45 @@ class ScriptedEngine:
     def __init__(self, token: int, *, turn_tokens: int = 3, partial_rollout: bool = False):
         self.token = token
         self.turn_tokens = turn_tokens
-        self.partial_rollout = partial_rollout
-        self.version = 0
+        self.gate = VersionGate(0, partial_rollout=partial_rollout)
         self.holds: dict[str, asyncio.Event] = {}
         self.started: list[tuple[str, int]] = []  # (request id, version) per request run
-        self._staged: int | None = None
-        self._running = 0
         self._tokens = 0
         self._aborted: set[str] = set()
         self._drained = asyncio.Event()
         self._drained.set()
 
+    @property
+    def version(self) -> int:
+        return self.gate.hosted
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self.gate.partial_rollout
+
+    @property
+    def _running(self) -> int:
+        return self.gate.running
+
     async def generate(self, requests):
-        need = None if self.partial_rollout else requests[0].version
-        if need is not None and need < self.version:
+        waited = False
+        while (admission := self.gate.admit(requests[0].version, waited=waited)) is \
+                Admission.WAIT:
+            if self.gate.can_switch():
+                self.gate.apply()
+            else:
+                await self._drained.wait()
+            waited = True
+        if admission is Admission.REFUSE:
             for r in requests:
                 yield GenerationResult(r.request_id, list(r.prompt_ids), list(r.resume_ids),
                                        list(r.resume_logprobs), list(r.resume_versions),
                                        "refused")
             return
-        while need is not None and need > self.version:
-            assert self._staged is not None and self._staged >= need, "no such weights"
-            await self._drained.wait()
-            if self._running == 0 and self._staged is not None:  # another call may have
-                self._apply()  # applied them while this one waited
         rows = [(r, list(r.resume_ids), list(r.resume_logprobs), list(r.resume_versions))
                 for r in requests]
         self.started += [(r.request_id, self.version) for r in requests]
-        self._running += len(rows)
+        self.gate.started(len(rows))
         self._drained.clear()
         try:
             while rows:
@@ -68,35 +81,32 @@ class ScriptedEngine:
                         new = len(tokens) - len(request.resume_ids) + 1
                         tokens.append(STOP if new == self.turn_tokens else self.token)
                         logprobs.append(-1.0)
-                        versions.append(self.version)
+                        versions.append(self.gate.token_version())
                         self._tokens += 1
                         reason = "stop" if tokens[-1] == STOP else \
                             "length" if len(tokens) >= request.sampling.max_new_tokens else None
                     if reason is not None:
                         rows.remove(row)
-                        self._running -= 1
+                        self.gate.finished()
                         yield GenerationResult(request.request_id, list(request.prompt_ids),
                                                tokens, logprobs, versions, reason)
         finally:
-            self._running -= len(rows)
-            if self._running == 0:
+            self.gate.finished(len(rows))
+            if self.gate.running == 0:
                 self._drained.set()
 
     async def abort(self, request_ids):
         self._aborted.update(request_ids)
 
     async def load_weights(self, version, buckets=(), *, hold=False):
-        self._staged = version
-        if (self._running == 0 and not hold) or self.partial_rollout:
-            self._apply()
-
-    def _apply(self):
-        self.version, self._staged = self._staged, None
+        self.gate.stage(version, hold=hold)
+        if self.gate.due():
+            self.gate.apply()
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=self._running, waiting=0, version=self.version,
+        return EngineStats(running=self.gate.running, waiting=0, version=self.version,
                            tokens_generated=self._tokens, busy_seconds=0.0,
-                           staged_version=self._staged)
+                           staged_version=self.gate.staged)
 
 
 async def until(condition, steps: int = 10_000):

@@ -13,6 +13,7 @@ version (migrated, or filling free slots) can still join. Every token of a traje
 from one version (DORA's C1).
 With `partial_rollout=True` they are applied at the next decode step instead: running
 trajectories continue on the new version, and every token records the version that sampled it.
+Those rules are the version gate's (versions.py); each chunk of a call asks it to start.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .base import InferenceEngine, OutputSoFar, check_request
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
 from .stop_strings import watcher
+from .versions import Admission, VersionGate, call_version
 
 
 @dataclass
@@ -58,22 +60,24 @@ class HFInferenceEngine(InferenceEngine):
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator().manual_seed(seed)
-        self._version = version
+        self._gate = VersionGate(version, partial_rollout=partial_rollout)
         self._lock = threading.Lock()  # one decode step or one weight bucket at a time
         self._aborted: set[str] = set()
-        self._running = 0
         self._waiting = 0
         self._tokens = 0
         self._busy = 0.0
         self._sleeping = False
-        self.partial_rollout = partial_rollout
-        self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._staged: dict[str, torch.Tensor] | None = None  # weights of `_gate.staged`
         self._drained = asyncio.Event()  # set whenever no request is running
         self._drained.set()
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._gate.hosted
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self._gate.partial_rollout
 
     # ---- generation ---------------------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
@@ -104,41 +108,35 @@ class HFInferenceEngine(InferenceEngine):
                 yield _Row(request).result("refused")
             return
         rows = [_Row(r, stops=watcher(r.sampling.stop_strings, self.model_path)) for r in chunk]
-        self._running += len(rows)
+        self._gate.started(len(rows))  # no await since the gate admitted them
         self._drained.clear()
         try:
             state = await asyncio.to_thread(self._prefill, rows)
             while rows:
                 for result in await asyncio.to_thread(self._step, rows, state):
-                    self._running -= result.final
+                    self._gate.finished(int(result.final))
                     yield result
         finally:
-            self._running -= len(rows)
+            self._gate.finished(len(rows))
             for row in rows:
                 self._aborted.discard(row.request.request_id)
-            if self._running == 0:
+            if self._gate.running == 0:
                 self._drained.set()  # staged weights wait for a request that needs them
 
     async def _switch_for(self, chunk: list[GenerationRequest]) -> bool:
-        """Make the loaded weights fit the chunk's version: the one hosted now (join at once),
-        or newer (let running requests drain, then apply the staged weights). False when the
-        version is older than the hosted one: those weights are gone (C1 forbids running the
-        requests on others)."""
-        wanted = {r.version for r in chunk if r.version is not None}
-        if len(wanted) > 1:
-            raise ValueError(f"one generate call mixes versions {sorted(wanted)}; split it")
-        need = None if self.partial_rollout or not wanted else wanted.pop()
-        # None (whatever is newest) waits for staged weights too, like a request for them.
-        while (need is None and self._staged is not None) or \
-                (need is not None and self._version < need):
-            if need is not None and (self._staged is None or self._staged[0] < need):
-                raise ValueError(f"request {chunk[0].request_id} needs version {need}; this "
-                                 f"engine hosts {self._version} and has "
-                                 f"{self._staged[0] if self._staged else 'nothing'} staged")
-            await self._drained.wait()
-            if self._running == 0:
+        """Ask the gate until the chunk may start: at once on the hosted version, or once the
+        running requests drained and the staged weights are applied. False: refused, its
+        version is gone (C1 forbids running the requests on others)."""
+        version = call_version(r.version for r in chunk)
+        who, waited = f"request {chunk[0].request_id}", False
+        while (admission := self._gate.admit(version, waited=waited, who=who)) is \
+                Admission.WAIT:
+            if self._gate.can_switch():
                 self._apply_staged()
-        return need is None or need >= self._version
+            else:
+                await self._drained.wait()
+            waited = True
+        return admission is Admission.JOIN
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
@@ -160,7 +158,7 @@ class HFInferenceEngine(InferenceEngine):
             started = time.perf_counter()
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              past_key_values=state["cache"], use_cache=True)
-            state["version"] = self._version  # the weights these logits came from
+            state["version"] = self._gate.token_version()  # the weights these logits came from
             self._busy += time.perf_counter() - started
         return out.logits[:, -1, :]
 
@@ -222,8 +220,9 @@ class HFInferenceEngine(InferenceEngine):
         nothing runs and nothing is held (or with partial rollout), else when the running
         batches have drained and a newer request arrives."""
         staged = await asyncio.to_thread(self._stage, version, buckets)
-        self._staged = (version, staged)
-        if (self._running == 0 and not hold) or self.partial_rollout:
+        self._staged = staged
+        self._gate.stage(version, hold=hold)
+        if self._gate.due():
             # On the event loop, not in a thread: a request checked against the old version
             # must not start while the new weights are being copied in.
             self._apply_staged()
@@ -247,14 +246,12 @@ class HFInferenceEngine(InferenceEngine):
 
     def _apply_staged(self) -> None:
         """The only step on the critical path: staging copy -> model weights, between steps."""
-        if self._staged is None:
-            return
-        version, staged = self._staged
+        staged = self._staged
         targets = self.model.state_dict(keep_vars=True)
         with self._lock, torch.no_grad():
             for name, tensor in staged.items():
                 targets[name].data.copy_(tensor.to(self.device))
-            self._version = version
+            self._gate.apply()
             self._staged = None
 
     def _tied_only(self, missing: set[str], seen: set[str]) -> bool:
@@ -281,12 +278,12 @@ class HFInferenceEngine(InferenceEngine):
                 raise ValueError(f"max_batch_size = {max_batch_size}: must be >= 1")
             self.max_batch_size = max_batch_size  # from the next chunk a call starts
         if partial_rollout is not None:
-            self.partial_rollout = partial_rollout
-            if partial_rollout and self._staged is not None:
+            self._gate.partial_rollout = partial_rollout
+            if self._gate.due():
                 self._apply_staged()  # partial rollout takes new weights at once
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
-                           staged_version=self._staged[0] if self._staged else None,
+        return EngineStats(running=self._gate.running, waiting=self._waiting,
+                           version=self._gate.hosted, staged_version=self._gate.staged,
                            tokens_generated=self._tokens, busy_seconds=self._busy,
                            sleeping=self._sleeping)

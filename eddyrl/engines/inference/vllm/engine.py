@@ -14,7 +14,9 @@ How the contract maps onto vLLM:
   device by the workers themselves from the trainer's broadcast (transfer.py), and
   applied between two engine steps by vLLM's in-place reload; the prefix cache is then reset,
   its KV being the old weights'. Delayed updates wait for the requests of the hosted version
-  to drain, as in `hf`. Partial rollout interrupts the running requests
+  to drain, as in `hf`: both ask the version gate (versions.py), here once per generate call,
+  whose requests then hold the hosted version until their last result. Partial rollout
+  interrupts the running requests
   (abort, which returns every token so far), applies, and resumes each as a new segment: the new
   weights re-prefill prompt + tokens, where `hf` keeps the KV cache the old weights computed.
 - Stop strings are matched here, on the streamed tokens, by the same code as in `hf`
@@ -43,6 +45,7 @@ from . import transfer
 from ..base import InferenceEngine, check_request
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
 from ..stop_strings import watcher
+from ..versions import Admission, VersionGate, call_version
 from .api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
 from .loop import LoopThread, Slots
 from .trajectory import Trajectory
@@ -63,12 +66,10 @@ class VLLMInferenceEngine(InferenceEngine):
         self.max_positions = int(config.get("max_position_embeddings", 1 << 30))
         self._weight_names, self._known_names = weight_names(model_path, config)
         self.max_batch_size = max_batch_size
-        self.partial_rollout = partial_rollout
-        self._version = version
-        self._staged: int | None = None  # version staged in the worker, waiting to apply
+        # versions: hosted, staged in the worker, requests admitted on the hosted version
+        self._gate = VersionGate(version, partial_rollout=partial_rollout)
         self._sleeping = False
         self._waiting = self._running = self._tokens = 0
-        self._users = 0  # requests admitted on the hosted version and not yet final
         self._busy = 0.0
         self._busy_since: float | None = None
         self._kv_cache_usage = 0.0
@@ -81,8 +82,8 @@ class VLLMInferenceEngine(InferenceEngine):
         self._drained.set()
         self._idle = asyncio.Event()  # set whenever no segment runs in vLLM
         self._idle.set()
-        self._gate = asyncio.Event()  # cleared while weights are being switched
-        self._gate.set()
+        self._switched = asyncio.Event()  # cleared while weights are being switched
+        self._switched.set()
         self._switching = asyncio.Lock()
         self._loading = asyncio.Lock()
         args = self.api.engine_args(
@@ -113,7 +114,11 @@ class VLLMInferenceEngine(InferenceEngine):
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._gate.hosted
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self._gate.partial_rollout
 
     # ---- generation (caller's loop) ---------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[GenerationResult]:
@@ -152,7 +157,7 @@ class VLLMInferenceEngine(InferenceEngine):
             for request in requests:
                 emit(Trajectory(request).result("refused"))
             return
-        self._users += len(requests)  # admitted with no await since the version check
+        self._gate.started(len(requests))  # admitted with no await since the version check
         self._drained.clear()
         tasks = [asyncio.ensure_future(self._run(request, emit)) for request in requests]
         try:
@@ -162,26 +167,21 @@ class VLLMInferenceEngine(InferenceEngine):
                 task.cancel()
 
     async def _switch_for(self, requests: list[GenerationRequest]) -> bool:
-        """As `hf`: join the hosted version, or wait for the running requests to drain and
-        apply the staged (newer) weights; False when the version is older than the hosted one.
+        """As `hf`: ask the gate until the call may start, on the hosted version or, once the
+        running requests drained, on the staged weights; False: refused (its version is gone).
         Returns with no await after its last check, so the caller admits on that version."""
-        wanted = {r.version for r in requests if r.version is not None}
-        if len(wanted) > 1:
-            raise ValueError(f"one generate call mixes versions {sorted(wanted)}; split it")
-        need = None if self.partial_rollout or not wanted else wanted.pop()
+        version = call_version(r.version for r in requests)
+        who, waited = f"request {requests[0].request_id}", False
         while True:
-            await self._gate.wait()  # not while weights are being switched
-            if (need is None and self._staged is None) or \
-                    (need is not None and self._version >= need):
-                return need is None or need == self._version
-            if need is not None and (self._staged is None or self._staged < need):
-                raise ValueError(f"request {requests[0].request_id} needs version {need}; "
-                                 f"this engine hosts {self._version} and has "
-                                 f"{self._staged if self._staged is not None else 'nothing'} "
-                                 "staged")
-            await self._drained.wait()
-            if self._users == 0:
+            await self._switched.wait()  # not while weights are being switched
+            admission = self._gate.admit(version, waited=waited, who=who)
+            if admission is not Admission.WAIT:
+                return admission is Admission.JOIN
+            if self._gate.can_switch():
                 await self._apply_staged()
+            else:
+                await self._drained.wait()
+            waited = True
 
     async def _run(self, request: GenerationRequest, emit) -> None:
         trajectory = Trajectory(request, stops=watcher(request.sampling.stop_strings,
@@ -204,14 +204,14 @@ class VLLMInferenceEngine(InferenceEngine):
                 self._waiting -= 1
             self._aborted.discard(rid)
             self._interrupted.discard(rid)
-            self._users -= 1
-            if self._users == 0:
+            self._gate.finished()
+            if self._gate.running == 0:
                 self._drained.set()  # staged weights wait for a request that needs them
 
     async def _decode(self, trajectory: Trajectory, emit) -> str:
         rid = trajectory.request.request_id
         while True:
-            await self._gate.wait()  # a weight switch in progress: resume on the new weights
+            await self._switched.wait()  # a weight switch in progress: resume on the new weights
             if rid in self._aborted:
                 return "abort"
             reason = await self._segment(trajectory, emit)
@@ -223,7 +223,7 @@ class VLLMInferenceEngine(InferenceEngine):
         """One vLLM request from the trajectory's tokens so far; returns its finish reason."""
         request, rid = trajectory.request, trajectory.request.request_id
         vid = f"{rid}#{next(self._segment_ids)}"
-        version = self._version  # constant: weights switch only when no segment runs
+        version = self._gate.token_version()  # constant: weights switch when no segment runs
         self._enter(rid, vid)
         reason, stopping, at_stop = None, False, False
         try:
@@ -326,17 +326,17 @@ class VLLMInferenceEngine(InferenceEngine):
                 raise
             async with self._switching:  # not while a switch applies the previous copy
                 await self._rpc_all("eddy_commit_staged")
-                self._staged = version
-        if (self._users == 0 and not hold) or self.partial_rollout:
+                self._gate.stage(version, hold=hold)
+        if self._gate.due():
             await self._apply_staged()
 
     async def _apply_staged(self) -> None:
         """Swap the staged weights in between two engine steps. Running segments (only with
         partial rollout) are interrupted first and resume on the new weights."""
         async with self._switching:
-            if self._staged is None:
-                return
-            self._gate.clear()
+            if not self._gate.can_switch():
+                return  # applied meanwhile, or requests joined the hosted version first
+            self._switched.clear()
             try:
                 if self._live:
                     self._interrupted.update(self._live)
@@ -346,9 +346,9 @@ class VLLMInferenceEngine(InferenceEngine):
                 if not await self._llm.reset_prefix_cache():  # its KV came from the old weights
                     logger.warning("vLLM kept its prefix cache after a weight update: cached "
                                    "prompts may reuse the old weights' KV")
-                self._version, self._staged = self._staged, None
+                self._gate.apply()
             finally:
-                self._gate.set()
+                self._switched.set()
 
     async def _rpc_all(self, method: str, *args) -> list:
         return await self._llm.collective_rpc(method, args=args)  # one result per worker
@@ -390,15 +390,16 @@ class VLLMInferenceEngine(InferenceEngine):
             self.max_batch_size = max_batch_size
             await self._slots.resize(max_batch_size)
         if partial_rollout is not None:
-            self.partial_rollout = partial_rollout
-            if partial_rollout and self._staged is not None:
+            self._gate.partial_rollout = partial_rollout
+            if self._gate.due():
                 await self._apply_staged()  # partial rollout takes new weights at once
 
     def stats(self) -> EngineStats:
         since = self._busy_since
         busy = self._busy + (time.perf_counter() - since if since is not None else 0.0)
-        return EngineStats(running=self._running, waiting=self._waiting, version=self._version,
-                           staged_version=self._staged, tokens_generated=self._tokens,
+        return EngineStats(running=self._running, waiting=self._waiting,
+                           version=self._gate.hosted, staged_version=self._gate.staged,
+                           tokens_generated=self._tokens,
                            busy_seconds=busy, kv_cache_usage=self._kv_cache_usage,
                            sleeping=self._sleeping)
 
