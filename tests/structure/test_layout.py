@@ -18,7 +18,7 @@ SANS_IO = [
     "eddyrl.core.replay", "eddyrl.core.store", "eddyrl.core.step_metrics",
     "eddyrl.core.rollout", "eddyrl.core.controller", "eddyrl.core.elastic_driver",
     "eddyrl.core.adaptive_driver", "eddyrl.core.requests", "eddyrl.core.streams",
-    "eddyrl.core.moves", "eddyrl.core.turns", "eddyrl.core.placement",
+    "eddyrl.core.moves", "eddyrl.core.turns", "eddyrl.core.placement", "eddyrl.core.partition",
     "eddyrl.scheduler.buckets", "eddyrl.scheduler.prefix_tree", "eddyrl.scheduler.elastic",
     "eddyrl.scheduler.adaptive", "eddyrl.scheduler.plan_predictor",
     "eddyrl.scheduler.cost_model",
