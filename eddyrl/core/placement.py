@@ -22,7 +22,6 @@ from .version_assignment import VersionAssignment
 
 
 class GroupPlacement:
-    router = None
     report_at: tuple[int, ...] = ()
 
     def __init__(self, assignment: VersionAssignment) -> None:
