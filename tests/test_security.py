@@ -85,6 +85,9 @@ def test_local_ray_listens_on_loopback_only_with_token_auth():
         actor = _Probe.remote()  # held: an actor without a handle ends, and its process too
         actor_pid = ray.get(actor.pid.remote(), timeout=60)
         assert actor_pid in _descendants(me), "the actor is not under this Ray session"
+        # Ray's default niceness for workers is 15; the run's workers must not yield the CPU to
+        # whatever else the machine runs
+        assert psutil.Process(actor_pid).nice() == os.nice(0), "Ray workers run niced"
         seen: dict[tuple[int, str, str, int], str] = {}
         deadline = time.monotonic() + LATE_SERVERS_S
         while True:

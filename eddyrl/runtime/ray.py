@@ -39,6 +39,11 @@ def start_ray(config: EddyConfig) -> None:
         # which Ray reads once, when first imported; set before that, it also reaches the
         # processes Ray starts.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        # Ray starts its workers at niceness 15 (background work by default); Eddy's workers
+        # are the run itself. At 15, any busy process beside the run takes nearly all the CPU
+        # from them: on the 2-core VM with two busy loops, a test suite's e2e runs stalled.
+        # A user's own setting wins.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     if ray.is_initialized():
