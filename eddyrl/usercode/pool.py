@@ -417,13 +417,18 @@ class ThreadPool(_Workers):
             self._waiting = 0
             for _ in range(self._live):
                 self._queue.put(None)
-        for job in pending:
-            with job.lock:
-                if job.state != "queued":
-                    continue
-                job.state = "finished"
-            _post(job, job.started, None)
-            _post(job, job.done, ("error", UserCodeError("lost", CLOSED)))
+        _lose_queued(pending)
+
+
+def _lose_queued(jobs) -> None:
+    """A closing pool's jobs that never started: each answered lost (closed), once."""
+    for job in jobs:
+        with job.lock:
+            if job.state != "queued":
+                continue
+            job.state = "finished"
+        _post(job, job.started, None)
+        _post(job, job.done, ("error", UserCodeError("lost", CLOSED)))
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -775,13 +780,7 @@ class ProcessPool(_Workers):
             self._homeless.clear()
             for proc in procs:
                 proc.why_lost = proc.why_lost or CLOSED
-        for job in queued:
-            with job.lock:
-                if job.state != "queued":
-                    continue
-                job.state = "finished"
-            _post(job, job.started, None)
-            _post(job, job.done, ("error", UserCodeError("lost", CLOSED)))
+        _lose_queued(queued)
         for proc in procs:
             proc.outbox.put(None)
             try:
