@@ -132,15 +132,17 @@ def test_code_size_is_limited():
 
 
 def test_runs_concurrently():
+    """Two runs overlap: each prints when it started and ended, and each started before the
+    other ended (run one after the other, the second would start after the first ended). No
+    bound on elapsed time: on a busy machine that says nothing."""
     async def two():
-        sandbox = PythonSandbox(FAST)
-        code = "import time\ntime.sleep(0.4)\nprint({})"
-        return await asyncio.gather(sandbox.run(code.format(1)), sandbox.run(code.format(2)))
+        sandbox = PythonSandbox(SandboxLimits(wall_s=60.0, cpu_s=5, memory_bytes=256 << 20,
+                                              file_bytes=4096, output_bytes=512))
+        code = "import time\nstart = time.time()\ntime.sleep(2)\nprint(start, time.time())"
+        return await asyncio.gather(sandbox.run(code), sandbox.run(code))
 
-    start = time.monotonic()
-    results = asyncio.run(two())
-    assert [r.stdout for r in results] == ["1\n", "2\n"]
-    assert time.monotonic() - start < 0.75  # overlapped, not one after the other
+    (start1, end1), (start2, end2) = [map(float, r.stdout.split()) for r in asyncio.run(two())]
+    assert start2 < end1 and start1 < end2
 
 
 def test_cancelled_run_leaves_no_process():
