@@ -7,7 +7,10 @@ not at all, checked before it is trusted, the newest few kept.
 - Checked: `manifest.json` is written last, with every file's size and sha256. A step directory
   without it, with a file missing, shorter or longer than listed, or with different contents is
   named (`CheckpointError`) and skipped in favour of the previous good one.
-- Kept: after each write, the newest `keep_last` complete checkpoints stay; older ones go.
+- Kept: after each write, the newest `keep_last` checkpoints that verify stay; older complete
+  ones go. A corrupt one never counts, so it can never push the last good one out.
+- Retired, not deleted: a run that goes on from an older checkpoint (a rollback, or a fallback
+  past corrupt ones) moves the newer step directories aside (`retire_after`).
 
 What goes inside is the caller's (see `resume.py`): this module knows files, not models.
 """
@@ -74,6 +77,7 @@ async def write(root: Path, step: int, fill: Callable[[Path], Awaitable[None]]) 
         tmp.mkdir(exist_ok=True)
         _write_manifest(tmp, step)
         replace_dir(tmp, final)
+        _remember_good(final)
     except BaseException:
         # with whatever `fill` staged beside it (a trainer's save stages into `<tmp>.tmp`):
         # a save that failed for a full disk must not leave a model's worth of files behind
@@ -109,12 +113,16 @@ def verify(path: Path) -> dict:
         if _sha256(file) != entry["sha256"]:
             raise CheckpointError(f"{where}: {name} does not match its sha256 in {MANIFEST} "
                                   "(corrupt)")
+    _remember_good(path)
     return manifest
 
 
-def latest(root: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint under `root` that verifies, and why each newer one (and each
-    unfinished write) was passed over; every such reason is also logged as a warning."""
+def latest(root: Path, load: Callable[[Path], object] | None = None
+           ) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint under `root` that verifies (and that `load`, when given, reads
+    without a `CheckpointError`: a malformed file under a valid manifest), and why each newer
+    one (and each unfinished write) was passed over; every such reason is also logged as a
+    warning."""
     root = Path(root)
     skipped = [f"'{tmp}' is an unfinished write (a temporary directory); ignored"
                for tmp in sorted(root.glob(".step_*.tmp"))]
@@ -122,6 +130,8 @@ def latest(root: Path) -> tuple[Path | None, list[str]]:
     for path in sorted(_step_dirs(root), key=step_of, reverse=True):
         try:
             verify(path)
+            if load is not None:
+                load(path)
         except CheckpointError as exc:
             skipped.append(f"{exc}; falling back to an earlier checkpoint")
             continue
@@ -133,15 +143,49 @@ def latest(root: Path) -> tuple[Path | None, list[str]]:
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (those with a manifest; a
-    broken one is left for a person to look at) and stale temporary directories; returns
-    what was deleted."""
+    """Keep the newest `keep_last` checkpoints that *verify*; delete the complete ones older
+    than those, and stale temporary directories; returns what was deleted.
+
+    Only a verified checkpoint counts towards `keep_last`: corrupt ones newer than the kept
+    ones never push a good one out (they are left for a person to look at), so the checkpoint
+    a run resumed from stays until a newer verified one exists. A checkpoint this process
+    wrote or verified, whose manifest has not changed since, is not hashed again."""
     root = Path(root)
-    complete = sorted((p for p in _step_dirs(root) if (p / MANIFEST).is_file()), key=step_of)
-    doomed = complete[:-keep_last] + sorted(root.glob(".step_*.tmp"))
+    kept: list[Path] = []
+    doomed: list[Path] = []
+    for path in sorted(_step_dirs(root), key=step_of, reverse=True):
+        if len(kept) >= keep_last:
+            if (path / MANIFEST).is_file():
+                doomed.append(path)
+            continue
+        try:
+            if not _known_good(path):
+                verify(path)
+        except CheckpointError as exc:
+            log.warning(f"{exc}; not counted as one of the {keep_last} kept")
+            continue
+        kept.append(path)
+    doomed += sorted(root.glob(".step_*.tmp"))
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def retire_after(root: Path, step: int, into: Path) -> list[Path]:
+    """Move every step directory under `root` newer than `step` (the branch a rollback or a
+    fallback abandons, good or corrupt) into the folder `into`, keeping their names; returns
+    where each went. Nothing is deleted: a person can look at them, or move one back."""
+    root = Path(root)
+    newer = sorted((p for p in _step_dirs(root) if step_of(p) > step), key=step_of)
+    moved = []
+    for path in newer:
+        into.mkdir(parents=True, exist_ok=True)
+        target = into / path.name
+        os.rename(path, target)
+        moved.append(target)
+    if moved:
+        _fsync(root)
+    return moved
 
 
 def mirror(source: Path, target: Path) -> None:
@@ -164,6 +208,35 @@ def replace_dir(staging: Path, final: Path) -> None:
         os.rename(final, previous)
     os.rename(staging, final)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+# Checkpoints this process wrote or verified, by path: each file's (name, inode, size, mtime)
+# then. Pruning after every save would otherwise hash the kept checkpoints again each time; a
+# file changed since (rewritten, truncated, replaced) changes its stamp and is hashed again.
+_GOOD: dict[Path, tuple] = {}
+
+
+def _manifest_stamp(path: Path) -> tuple:
+    stamps = []
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        stat = file.stat()
+        stamps.append((file.relative_to(path).as_posix(), stat.st_ino, stat.st_size,
+                       stat.st_mtime_ns))
+    return tuple(stamps)
+
+
+def _remember_good(path: Path) -> None:
+    try:
+        _GOOD[path.resolve()] = _manifest_stamp(path)
+    except OSError:
+        pass
+
+
+def _known_good(path: Path) -> bool:
+    try:
+        return _GOOD.get(path.resolve()) == _manifest_stamp(path)
+    except OSError:
+        return False
 
 
 def _step_dirs(root: Path) -> list[Path]:

@@ -4,6 +4,7 @@ metrics, a checkpoint and a summary in the run directory."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -19,6 +20,7 @@ from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
 from .envs.hosting import EnvHost, host_environments
 from .protocol import SamplingParams
+from .run_dir import RunDirectory
 from .errors import ConfigError
 from .hal import get_platform
 from .observability.sinks import open_sinks
@@ -66,12 +68,19 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
                               top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
                               stop_strings=stop_strings)
     fn = load_reward_fn(data.reward_fn)
+    hosted = None
     reward_pool = config.user_code.reward.build("user_code.reward", name="reward",
                                                 sent=((f"data.reward_fn {data.reward_fn!r}", fn),))
-    hosted = None if env is None else host_environments(env, config.user_code.env)
-    settings = loop_settings(config, sampling, tokenizer.pad_token_id,
-                             trainer_ranks=config.train.num_workers,
-                             plan_cost=_plan_cost(config, model_path), env=hosted)
+    try:
+        hosted = None if env is None else host_environments(env, config.user_code.env)
+        settings = loop_settings(config, sampling, tokenizer.pad_token_id,
+                                 trainer_ranks=config.train.num_workers,
+                                 plan_cost=_plan_cost(config, model_path), env=hosted)
+    except BaseException:  # no user-code worker outlives a refused start
+        reward_pool.close()
+        if hosted is not None:
+            hosted.close()
+        raise
     return tokenizer, train_set, eval_set, settings, SafeReward(
         fn, timeout_s=data.reward_timeout_s, pool=reward_pool)
 
@@ -94,13 +103,20 @@ def _plan_cost(config: EddyConfig, model_path: str):
     return rollout_cost_model(config.adaptive.accelerator, platform.device_type, model_config)
 
 
-def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> dict[str, float]:
-    """Held-out accuracy of a saved model, with the same evaluation as `eddy train`."""
+def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
+                        verify: bool = True) -> dict[str, float]:
+    """Held-out accuracy of a saved model, with the same evaluation as `eddy train`. A run
+    checkpoint (a directory with a manifest, or a `step_N` directory) is verified against its
+    manifest first unless `verify` is False; a plain model directory has nothing to check."""
+    from . import checkpoints
     from .engines.registry import load_engine_class
     from .models.config import ModelConfig
     from .runtime.inprocess import InProcessRuntime
 
     model_path = ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
+    if verify and ((Path(model_path) / checkpoints.MANIFEST).exists()
+                   or checkpoints.step_of(Path(model_path)) is not None):
+        checkpoints.verify(Path(model_path))  # a corrupt one is refused by name
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
     # One engine, no trainer: no pool to move workers in, no buckets to route between.
     settings = dataclasses.replace(settings, elastic=ElasticConfig(), adaptive=AdaptiveConfig(),
@@ -121,29 +137,59 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path) -> 
 
 def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda m: None,
           ) -> Path:
-    """Run RL training as configured; returns the path of `summary.json`."""
-    from .runtime.ray import RayRuntime
-
+    """Run RL training as configured; returns the path of `summary.json`. The run directory
+    is locked for the whole run (`run_dir.py`)."""
     started = time.monotonic()
     resolve_role_platforms(config)  # fail fast, in one sentence, if a platform is absent
     run_dir = resolve_run_dir(config)
+    with RunDirectory.claim(run_dir) as hold:  # no second run on it while this one lives
+        return _train(config, on_step, hold, started)
+
+
+def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: RunDirectory,
+           started: float) -> Path:
+    run_dir = hold.path
+    # Check first, then write: nothing in run_dir changes until every check has passed.
     point = resume.find(config.resume, run_dir)
-    if point is None and (run_dir / "metrics.jsonl").exists():
+    if point is None and hold.holds_run():
         # Appending would mix two runs' metrics; overwriting would lose the first run's.
-        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl)"
-                          + ("; it has no complete checkpoint to go on from" if config.resume
-                             else "") + "; choose another run_dir, move that one away"
-                          + ("" if config.resume else ", or go on with resume=auto"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if point is not None:
-        resume.restart_metrics(run_dir / "metrics.jsonl", point)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
+        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
+                          "another run_dir, move that one away, or go on with resume=auto")
+    resume.check_settings(point, seed=config.seed, steps=config.loop.steps)
     model_path = config.model.resolve()
-    tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
-                                                               run_dir / "data")
+    with contextlib.ExitStack() as stack:  # whatever was started is stopped, in reverse
+        tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
+                                                                   hold.staging("data"))
+        stack.callback(close_user_code, settings, reward)
+        if point is not None:
+            run_state.check_compatible(point.state, seed=config.seed,
+                                       fingerprint=train_set.fingerprint,
+                                       prompts=len(train_set.prompts))
+        # -- every check has passed: from here on the run writes --
+        hold.install("data")
+        if point is not None:
+            resume.begin(point, run_dir)
+        else:
+            hold.clear_empty_metrics()
+        hold.write_text("config.yaml", to_yaml(config))
+        summary = _run(config, on_step, stack, run_dir, model_path, point, tokenizer,
+                       train_set, eval_set, settings, reward, started)
+    summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
+                   checkpoint=str(run_dir / resume.FINAL),
+                   prompts_truncated=train_set.truncated + eval_set.truncated)
+    return hold.write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path,
+         model_path: str, point: resume.ResumePoint | None, tokenizer, train_set, eval_set,
+         settings, reward, started: float) -> dict[str, Any]:
+    """Metrics sinks, the Ray runtime and the controller; the run itself."""
+    from .runtime.ray import RayRuntime
+
     # metrics.jsonl, and TensorBoard / W&B as `observe` says (eddyrl/observability/sinks.py)
     metrics_file = open_sinks(config.observe, run_dir, dataclasses.asdict(config),
                               resumed_at=None if point is None else point.step)
+    stack.callback(metrics_file.close)
 
     def log(metrics: dict[str, Any]) -> None:
         metrics = {**metrics, "wall_s": time.monotonic() - started}
@@ -151,33 +197,23 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
         on_step(metrics)
 
     runtime = ray_runtime = RayRuntime(config, model_path, str(run_dir))
+    stack.callback(ray_runtime.shutdown)
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)
         reward = runtime.timed_reward(reward)
-    try:
-        controller = build_controller(
-            settings, runtime, train_set, eval_set,
-            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), reward=reward,
-            log=log)
-        controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
-        if isinstance(runtime, TracingRuntime):
-            controller.checkpoint = flush_at_checkpoints(
-                controller.checkpoint, config.checkpoint.every, runtime.trace,
-                str(run_dir / "trace.json"))
-        summary = asyncio.run(_run_and_save(controller, runtime, run_dir, config, point))
-    finally:
-        if isinstance(runtime, TracingRuntime):  # also after a failure: what led up to it
-            runtime.close().write(str(run_dir / "trace.json"))
-        ray_runtime.shutdown()
-        metrics_file.close()
-        close_user_code(settings, reward)
-    summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
-                   checkpoint=str(run_dir / resume.FINAL),
-                   prompts_truncated=train_set.truncated + eval_set.truncated)
-    path = run_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    return path
+        # also after a failure: what led up to it
+        stack.callback(lambda: runtime.close().write(str(run_dir / "trace.json")))
+    controller = build_controller(
+        settings, runtime, train_set, eval_set,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), reward=reward,
+        log=log)
+    controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
+    if isinstance(runtime, TracingRuntime):
+        controller.checkpoint = flush_at_checkpoints(
+            controller.checkpoint, config.checkpoint.every, runtime.trace,
+            str(run_dir / "trace.json"))
+    return asyncio.run(_run_and_save(controller, runtime, run_dir, config, point))
 
 
 async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: EddyConfig,

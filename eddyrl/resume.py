@@ -10,12 +10,19 @@ state (`core/run_state.py`), in one directory written atomically with a manifest
 `resume=auto` goes on from the newest checkpoint of `run_dir` that verifies, falling back past
 partial or corrupt ones (each named in a warning); with none it starts fresh, and says so.
 `resume=<path>` names a checkpoint (used as it is, or refused by name) or a directory holding
-them. The metrics of steps after the checkpoint are dropped from `metrics.jsonl`: the resumed
-run takes those steps again.
+them. A checkpoint whose run state does not read (a malformed ledger under a valid manifest) is
+passed over like a corrupt one.
+
+Check first, then write: `find`, `check_settings` and `run_state.check_compatible` only read;
+when all have passed, `begin` moves the branch the resume abandons (newer step directories,
+good or corrupt, and their metrics lines) into `checkpoints/retired/`, named, never deleted,
+and cuts `metrics.jsonl` back to the checkpoint's step: the resumed run takes those steps
+again.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -26,6 +33,7 @@ from typing import Any, Awaitable, Callable
 from . import checkpoints
 from .core import run_state
 from .errors import ConfigError
+from .run_dir import holds_run
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +55,88 @@ class ResumePoint:
 
 
 def find(resume: str | None, run_dir: Path) -> ResumePoint | None:
-    """Where a run with `resume` = `resume` starts: a checkpoint, or None for a fresh run."""
+    """Where a run with `resume` = `resume` starts: a checkpoint, or None for a fresh run.
+    Reads only: nothing in `run_dir` changes here."""
     if resume is None:
         return None
+    states: dict[Path, run_state.RunState] = {}
+
+    def load(path: Path) -> run_state.RunState:  # a malformed run state is passed over too
+        if path not in states:
+            states[path] = run_state.read(path)
+        return states[path]
+
     if resume == "auto":
         root = Path(run_dir) / CHECKPOINTS
-        path, skipped = checkpoints.latest(root)
+        path, skipped = checkpoints.latest(root, load)
         if path is None:
-            log.warning(f"resume=auto: no complete checkpoint under '{root}'; starting a fresh "
-                        "run (set run_dir to the run to resume)")
+            if holds_run(run_dir):
+                raise ConfigError(
+                    f"resume=auto: run_dir '{run_dir}' holds a run (metrics.jsonl) but none of "
+                    f"its checkpoints under '{root}' can be used"
+                    + "".join(f"; {reason}" for reason in skipped) + "; nothing was changed: "
+                    "resume from a checkpoint by path (resume=<dir>), or choose another run_dir")
+            log.warning(f"resume=auto: '{run_dir}' holds no run yet; starting a fresh run")
             return None
-        return ResumePoint(path, run_state.read(path), skipped)
+        return ResumePoint(path, load(path), skipped)
     target = Path(resume).resolve()
     if not target.exists():
         raise ConfigError(f"config key 'resume' = '{resume}': no such checkpoint or directory "
                           "(use resume=auto, or a path to a checkpoint or a run directory)")
     if (target / checkpoints.MANIFEST).exists() or checkpoints.step_of(target) is not None:
         checkpoints.verify(target)  # named by the user: used as it is, or refused by name
-        return ResumePoint(target, run_state.read(target))
+        return ResumePoint(target, load(target))
     root = target / CHECKPOINTS if (target / CHECKPOINTS).is_dir() else target
-    path, skipped = checkpoints.latest(root)
+    path, skipped = checkpoints.latest(root, load)
     if path is None:
         raise ConfigError(f"config key 'resume' = '{resume}': no complete checkpoint under "
                           f"'{root}'" + "".join(f"; {reason}" for reason in skipped))
-    return ResumePoint(path, run_state.read(path), skipped)
+    return ResumePoint(path, load(path), skipped)
+
+
+def check_settings(point: ResumePoint | None, *, seed: int, steps: int) -> None:
+    """What can be refused before the data is read: another seed, or nothing to train."""
+    if point is None:
+        return
+    run_state.check_seed(point.state, seed)
+    if steps < point.step:
+        raise ConfigError(f"config key 'loop.steps' = {steps} is below the step of the "
+                          f"checkpoint resumed from ({point.step}, '{point.path}'): there is "
+                          f"nothing to train; set loop.steps above {point.step} to go on")
+
+
+def begin(point: ResumePoint, run_dir: Path) -> Path | None:
+    """Make `run_dir` go on from `point`, once every check has passed: the step directories
+    newer than it (the branch a rollback or a fallback abandons, corrupt ones included), a
+    final checkpoint of that branch and its metrics lines are moved into one folder
+    `checkpoints/retired/<time>-after-step_N/` (named in a warning, nothing deleted), and
+    `metrics.jsonl` is cut back to the checkpoint's step. Returns the folder, if any."""
+    run_dir = Path(run_dir)
+    retired = run_dir / CHECKPOINTS / "retired" / (
+        f"{datetime.datetime.now():%Y%m%d-%H%M%S}-after-step_{point.step:06d}")
+    moved = checkpoints.retire_after(run_dir / CHECKPOINTS, point.step, retired)
+    final = run_dir / FINAL
+    if _final_step(final) is not None and _final_step(final) > point.step:
+        retired.mkdir(parents=True, exist_ok=True)
+        os.rename(final, retired / FINAL)
+        moved.append(retired / FINAL)
+    restart_metrics(run_dir / "metrics.jsonl", point, retired)
+    if not moved:
+        if retired.is_dir():  # only metrics lines were dropped: they are in there
+            log.warning(f"going on from '{point.path}': the metrics of later steps are kept "
+                        f"in '{retired}'")
+        return retired if retired.is_dir() else None
+    log.warning(f"going on from '{point.path}' (step {point.step}): the newer checkpoints of "
+                f"the branch it abandons ({', '.join(p.name for p in moved)}) and their metrics "
+                f"were moved to '{retired}'")
+    return retired
+
+
+def _final_step(final: Path) -> int | None:
+    try:
+        return int(json.loads((final / checkpoints.MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 async def save(controller, save_trainer: SaveTrainer | None, run_dir: Path, step: int,
@@ -87,7 +153,7 @@ async def save(controller, save_trainer: SaveTrainer | None, run_dir: Path, step
 
     root = Path(run_dir) / CHECKPOINTS
     path = await checkpoints.write(root, step, fill)
-    checkpoints.prune(root, keep_last)
+    checkpoints.prune(root, keep_last)  # the newest keep_last that verify stay
     return path
 
 
@@ -113,10 +179,11 @@ async def save_final(controller, save_trainer: SaveTrainer | None, run_dir: Path
     return path
 
 
-def restart_metrics(path: Path, point: ResumePoint) -> int:
+def restart_metrics(path: Path, point: ResumePoint, keep_dropped: Path | None = None) -> int:
     """`metrics.jsonl` as of the checkpoint: lines of later steps (the resumed run takes them
-    again) and a line cut short by a crash are dropped; a run directory without the file gets
-    the checkpoint's history. Returns the lines dropped."""
+    again) and a line cut short by a crash are dropped (into `keep_dropped/metrics.jsonl` when
+    given); a run directory without the file gets the checkpoint's history. Returns the lines
+    dropped."""
     path = Path(path)
     if path.exists():
         lines = [line for line in path.read_text().splitlines() if line.strip()]
@@ -124,14 +191,17 @@ def restart_metrics(path: Path, point: ResumePoint) -> int:
                 and _step_of_line(line) <= point.step]
     else:
         lines, kept = [], [json.dumps(m, sort_keys=True) for m in point.state.meta["history"]]
+    dropped = [line for line in lines if line not in kept] if lines else []
+    if dropped and keep_dropped is not None:
+        keep_dropped.mkdir(parents=True, exist_ok=True)
+        (keep_dropped / path.name).write_text("".join(line + "\n" for line in dropped))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
-    dropped = len(lines) - len(kept) if lines else 0
     if dropped:
-        log.warning(f"{path}: dropped {dropped} line(s) of steps after the checkpoint's step "
-                    f"{point.step}; the resumed run takes those steps again")
-    return dropped
+        log.warning(f"{path}: dropped {len(dropped)} line(s) of steps after the checkpoint's "
+                    f"step {point.step}; the resumed run takes those steps again")
+    return len(dropped)
 
 
 def summary(point: ResumePoint | None, requeued: list[str]) -> dict[str, Any]:

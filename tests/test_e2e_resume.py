@@ -1,7 +1,9 @@
 """`eddy train` stopped and resumed on a local Ray with the tiny model: 2 steps with a checkpoint
 after each, then `resume=auto` to 3. The resumed trainer holds exactly the saved weights and
 optimizer state, the groups still in flight at the end of the first run are generated again,
-and the ledger shows every prompt group trained once as fresh across the restart."""
+and the ledger shows every prompt group trained once as fresh across the restart. Then a
+rollback to step 2 moves the branch it abandons aside (named, not deleted), and a resume with
+fewer steps than the checkpoint is refused before anything starts."""
 
 import json
 import os
@@ -30,7 +32,7 @@ def test_train_then_resume_auto_continues_exactly(tiny_model_dir, tmp_path, monk
     import ray
 
     from eddyrl.config import load_config
-    from eddyrl.core.ledger import Ledger, State
+    from eddyrl.errors import ConfigError
     from eddyrl.launch import train
 
     def run(*overrides):
@@ -43,11 +45,34 @@ def test_train_then_resume_auto_continues_exactly(tiny_model_dir, tmp_path, monk
         patch.setattr(ray, "shutdown", lambda: None)
         first = run("loop.steps=2")
     try:
-        # A tiny learning rate leaves the weights exactly as loaded (Adam's step is ~1e-30):
-        # the model after step 3 is then the model the resumed trainer started from.
-        second = run("loop.steps=3", "resume=auto", "train.lr=1e-30")
+        with monkeypatch.context() as patch:
+            patch.setattr(ray, "shutdown", lambda: None)
+            # A tiny learning rate leaves the weights exactly as loaded (Adam's step is
+            # ~1e-30): the model after step 3 is then the model the resumed trainer started
+            # from.
+            second = run("loop.steps=3", "resume=auto", "train.lr=1e-30")
+            _check_second_run(tmp_path, tiny_model_dir, first, second)
+            # A rollback to step 2: the branch it abandons (step 3 and the final model) is
+            # moved aside, named, never deleted; resume=auto then follows the new branch.
+            third = run("loop.steps=3", f"resume={tmp_path / 'checkpoints' / 'step_000002'}")
+        (retired,) = (tmp_path / "checkpoints" / "retired").iterdir()
+        assert third["resumed_from"].endswith("step_000002")
+        assert sorted(p.name for p in retired.iterdir()) == ["checkpoint", "metrics.jsonl",
+                                                              "step_000003"]
+        assert [json.loads(line)["step"] for line in (retired / "metrics.jsonl").open()] == [3]
+        old, new = (_safetensors(d) for d in (retired / "step_000003",
+                                              tmp_path / "checkpoints" / "step_000003"))
+        assert any(not torch.equal(old[name], new[name]) for name in old)  # the new branch
+        lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+        assert [m["step"] for m in lines] == [0, 1, 2, 3]
+        with pytest.raises(ConfigError, match="'loop.steps' = 2 is below the step"):
+            run("loop.steps=2", "resume=auto")  # refused before Ray is asked for anything
     finally:
         ray.shutdown()
+
+
+def _check_second_run(tmp_path, tiny_model_dir, first, second):
+    from eddyrl.core.ledger import Ledger, State
 
     checkpoints = tmp_path / "checkpoints"
     step2, step3 = checkpoints / "step_000002", checkpoints / "step_000003"

@@ -87,13 +87,89 @@ def write(directory: Path, state: RunState) -> None:
 
 
 def read(directory: Path) -> RunState:
+    """The run state of the checkpoint at `directory`, its structure checked: a file that does
+    not parse, lacks a key or holds the wrong kind of value is a `CheckpointError` naming the
+    file (a resume then falls back to an earlier checkpoint)."""
+    from ..checkpoints import CheckpointError
+
     directory = Path(directory)
-    meta = json.loads((directory / STATE_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"'{directory}': run state format {meta.get('format')!r}, this "
-                          f"version of Eddy reads format {FORMAT}")
-    return RunState(meta, json.loads((directory / LEDGER_FILE).read_text()),
-                    load_file(directory / TENSOR_FILE))
+    where = f"checkpoint '{directory}'"
+    meta, ledger = (_read_json(where, directory, name) for name in (STATE_FILE, LEDGER_FILE))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ConfigError(f"'{directory}': run state format {found!r}, this version of Eddy "
+                          f"reads format {FORMAT}")
+    _check_shape(where, STATE_FILE, meta, _META_SHAPE)
+    _check_shape(where, LEDGER_FILE, ledger, {"step": int, "groups": dict})
+    try:
+        from .ledger import Ledger
+
+        Ledger.from_dict(ledger)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: {LEDGER_FILE} is not a valid ledger "
+                              f"({type(exc).__name__}: {exc})") from None
+    try:
+        tensors = load_file(directory / TENSOR_FILE)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: {TENSOR_FILE} cannot be read ({exc})") from None
+    return RunState(meta, ledger, tensors)
+
+
+# The top-level keys of state.json a resume reads, and their kinds
+_META_SHAPE = {"step": int, "seed": int, "data": dict, "window": dict, "replay": dict,
+               "next_group_id": int, "reward_errors": int, "history": list, "rng": dict}
+
+
+def _check_shape(where: str, name: str, data: Any, shape: dict[str, type]) -> None:
+    from ..checkpoints import CheckpointError
+
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: {name} holds a {type(data).__name__}, not an object")
+    for key, kind in shape.items():
+        if key not in data:
+            raise CheckpointError(f"{where}: {name} has no {key!r}")
+        if not isinstance(data[key], kind) or isinstance(data[key], bool):
+            raise CheckpointError(f"{where}: {name}: {key!r} = {data[key]!r} is not "
+                                  f"a{'n' if kind is int else ''} {kind.__name__}")
+
+
+def _read_json(where: str, directory: Path, name: str) -> Any:
+    from ..checkpoints import CheckpointError
+
+    try:
+        return json.loads((directory / name).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} has no {name}: it is not a run checkpoint of "
+                              "`eddy train`") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{where}: {name} is not valid JSON ({exc})") from None
+
+
+def check_seed(state: RunState, seed: int) -> None:
+    """The prompt order is the seed's: another seed's data position means nothing."""
+    if state.meta["seed"] != seed:
+        raise ConfigError(f"config key 'seed' = {seed} but the checkpoint was written with "
+                          f"seed = {state.meta['seed']}; the prompt order depends on it, so "
+                          "resume with the same seed")
+
+
+def check_compatible(state: RunState, *, seed: int, fingerprint: str,
+                     prompts: int) -> None:
+    """Refuse, before anything is written, a resume whose checkpoint means nothing for this
+    run: another seed, other training prompts, or a ledger naming prompts that do not exist."""
+    meta = state.meta
+    check_seed(state, seed)
+    if meta["data"].get("fingerprint") != fingerprint:
+        raise ConfigError("the training prompts differ from the checkpoint's (data.* keys, "
+                          "the model's tokenizer or the data files changed); its position in "
+                          "the data means nothing for other prompts: resume with the same data")
+    for group_id, record in state.ledger["groups"].items():
+        index = record["prompt_index"]
+        if not isinstance(index, int) or not 0 <= index < prompts:
+            raise ConfigError(f"{LEDGER_FILE} of the checkpoint: group {group_id!r} names "
+                              f"prompt {index!r}, but the training data has {prompts} prompts "
+                              f"(0 to {prompts - 1}); the checkpoint does not belong to this "
+                              "data")
 
 
 def restore(controller, state: RunState) -> list[str]:
@@ -101,7 +177,7 @@ def restore(controller, state: RunState) -> list[str]:
     be generated again (see the module docstring). Call before `controller.run()`, which then
     publishes the restored version's weights (the trainer must already hold them)."""
     meta = state.meta
-    _check_same_data(controller, meta)
+    _check_same_data(controller, state)
     controller.ledger.restore(state.ledger)
     controller.window.restore(meta["window"])
     groups = _unpack_groups([e["group"] for e in meta["replay"]["entries"]], state.tensors)
@@ -117,16 +193,11 @@ def restore(controller, state: RunState) -> list[str]:
     return _requeue_unfinished(controller, state)
 
 
-def _check_same_data(controller, meta: dict[str, Any]) -> None:
+def _check_same_data(controller, state: RunState) -> None:
     """A data position means nothing for other prompts or another seed's permutation."""
-    if meta["seed"] != controller.settings.seed:
-        raise ConfigError(f"config key 'seed' = {controller.settings.seed} but the checkpoint "
-                          f"was written with seed = {meta['seed']}; the prompt order depends on "
-                          "it, so resume with the same seed")
-    if meta["data"]["fingerprint"] != controller.train_prompts.fingerprint:
-        raise ConfigError("the training prompts differ from the checkpoint's (data.* keys, "
-                          "the model's tokenizer or the data files changed); its position in "
-                          "the data means nothing for other prompts: resume with the same data")
+    check_compatible(state, seed=controller.settings.seed,
+                     fingerprint=controller.train_prompts.fingerprint,
+                     prompts=len(controller.train_prompts.prompts))
 
 
 def _requeue_unfinished(controller, state: RunState) -> list[str]:

@@ -33,8 +33,9 @@ def test_replay_groups_round_trip_exactly_without_pickle(tmp_path):
     groups = [_group("g1", with_mask=False), _group("g2", with_mask=True), Group("g3", "", "",
                                                                                  [], 0)]
     metas, tensors = run_state._pack_groups(groups)
-    state = run_state.RunState({"format": 1, "step": 4, "groups": metas}, {"step": 4,
-                                                                          "groups": {}}, tensors)
+    meta = {"format": 1, "step": 4, "seed": 0, "data": {}, "window": {}, "replay": {},
+            "next_group_id": 0, "reward_errors": 0, "history": [], "rng": {}, "groups": metas}
+    state = run_state.RunState(meta, {"step": 4, "groups": {}}, tensors)
     run_state.write(tmp_path, state)
     back = run_state.read(tmp_path)
     assert run_state._unpack_groups(back.meta["groups"], back.tensors) == groups
@@ -91,20 +92,22 @@ def test_only_a_resume_requeues_a_collected_group():
     assert ledger.check_exactly_once([0], 0).ok
 
 
-class _Settings:
-    seed = 1
-
-
-class _Controller:  # what `_check_same_data` reads
-    settings = _Settings()
-    train_prompts = _prompts()
-
-
 def test_a_resume_refuses_another_seed_or_other_data():
-    meta = {"seed": 1, "data": {"fingerprint": _prompts().fingerprint}}
-    run_state._check_same_data(_Controller(), meta)
+    prompts = _prompts()
+
+    def check(seed=1, fingerprint=prompts.fingerprint, index=3):
+        ledger = {"step": 0, "groups": {"g": {"prompt_index": index}}}
+        state = run_state.RunState({"seed": seed, "data": {"fingerprint": fingerprint}},
+                                   ledger, {})
+        run_state.check_compatible(state, seed=1, fingerprint=prompts.fingerprint,
+                                   prompts=len(prompts.prompts))
+
+    check()
     with pytest.raises(ConfigError, match="config key 'seed' = 1 .* seed = 2"):
-        run_state._check_same_data(_Controller(), {**meta, "seed": 2})
+        check(seed=2)
     with pytest.raises(ConfigError, match="training prompts differ"):
-        run_state._check_same_data(_Controller(), {**meta, "data": {
-            "fingerprint": _prompts(11).fingerprint}})
+        check(fingerprint=_prompts(11).fingerprint)
+    # a ledger naming a prompt the data does not have: refused by name, not an IndexError
+    with pytest.raises(ConfigError, match=r"group 'g' names prompt 10, but the training data "
+                                          r"has 10 prompts \(0 to 9\)"):
+        check(index=10)
