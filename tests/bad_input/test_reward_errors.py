@@ -2,6 +2,7 @@
 reward that raises, returns NaN/inf or a non-number, or hangs, scores 0 for that sample, the
 error is recorded and counted (`reward_errors`), and the run goes on."""
 
+import logging
 import math
 import signal
 import threading
@@ -42,7 +43,7 @@ def fail(message):
                  "ZeroDivisionError: grader divided by zero", id="raises"),
     pytest.param(lambda r, a: float("nan"), "reward function returned nan", id="nan"),
     pytest.param(lambda r, a: -math.inf, "reward function returned -inf", id="inf"),
-    pytest.param(lambda r, a: "high", "ValueError: could not convert string to float: 'high'",
+    pytest.param(lambda r, a: "high", "reward function returned str 'high', not a number",
                  id="not-a-number"),
 ])
 def test_bad_reward_scores_zero_and_is_counted(fn, error):
@@ -71,12 +72,11 @@ def spins_and_swallows(response, answer):
 def test_hanging_reward_is_cut_off_at_reward_timeout_s(fn):
     reward = SafeReward(fn, timeout_s=0.2)
     outer = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's, if it runs
-    start = time.monotonic()
     assert reward("1 2 = 3", "3") == (
         0.0, "reward function took longer than data.reward_timeout_s=0.2s")
-    assert time.monotonic() - start < 5 and reward.errors == 1
+    assert reward.errors == 1
     left = signal.getitimer(signal.ITIMER_REAL)[0]  # the reward's own timer is gone
-    assert left == 0 if outer == 0 else outer - 5 < left <= outer
+    assert left == 0 if outer == 0 else 0 < left <= outer
     # a quick reward under the same limit scores as usual
     assert SafeReward(lambda r, a: len(r), timeout_s=0.2)("ab", "") == (2.0, None)
 
@@ -116,3 +116,34 @@ def test_reward_timeout_setting(tiny_model_dir, tmp_path):
                                     "data.eval_size=2"])
     reward = prepare(config, tiny_model_dir, tmp_path)[-1]
     assert reward.timeout_s == 0.5  # what a run scores with
+
+
+@pytest.mark.parametrize("value, kind", [
+    pytest.param("1.0", "str '1.0'", id="text-of-a-number"),
+    pytest.param(None, None, id="none"),
+    pytest.param([1.0], "list [1.0]", id="list"),
+    pytest.param(b"1", "bytes b'1'", id="bytes"),
+])
+def test_only_real_numbers_count_as_rewards(caplog, value, kind):
+    """Text of a number is a bug in the reward function, not a reward: counted, not scored."""
+    reward = SafeReward(lambda r, a: value)
+    shown = "None" if value is None else kind
+    with caplog.at_level(logging.WARNING, logger="eddyrl.core.rewarding"):
+        for _ in range(3):
+            assert reward("x", "y") == (0.0, f"reward function returned {shown}, not a number")
+    assert reward.errors == 3 and reward.reasons == {"error": 3}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # once per type, not per sample
+    assert warnings[0].startswith(f"reward function returned {type(value).__name__} (")
+    assert warnings[0].endswith("not a number: scored 0 and counted in reward_errors (a reward "
+                                "must be an int, float, bool or numpy number)")
+
+
+def test_numbers_of_every_kind_count():
+    np = pytest.importorskip("numpy")
+    import torch
+
+    for value, score in [(1, 1.0), (0.5, 0.5), (True, 1.0), (False, 0.0),
+                         (np.float32(0.25), 0.25), (np.int64(2), 2.0), (np.float64(-1), -1.0),
+                         (torch.tensor(0.75), 0.75)]:
+        assert SafeReward(lambda r, a: value)("x", "y") == (score, None), value

@@ -2,7 +2,6 @@
 deadlock is named instead of hanging."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -24,11 +23,9 @@ def test_sleeps_jump_in_order_and_timeouts_fire_on_virtual_time():
             await asyncio.wait_for(asyncio.Event().wait(), 5)
         return seen, loop.time()
 
-    began = time.perf_counter()
-    (seen, end), took = run_virtual(main())
+    (seen, end), took = run_virtual(main())  # a real week of sleeps would hit the timeout
     assert seen == [("ten", 10.0), ("hour", 3600.0), ("week", 604800.0)]
     assert end == took == 604805.0
-    assert time.perf_counter() - began < 1.0
 
 
 def test_a_wait_that_nothing_can_end_is_reported_not_hung():
