@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-from eddyrl.engines.inference.versions import Admission, VersionGate
+from eddyrl.engines.inference.versions import VersionGate, wait_for_admission
 from eddyrl.protocol import EngineStats, GenerationResult
 
 STOP = 2
@@ -47,15 +47,9 @@ class ScriptedEngine:
         return self.gate.running
 
     async def generate(self, requests):
-        waited = False
-        while (admission := self.gate.admit(requests[0].version, waited=waited)) is \
-                Admission.WAIT:
-            if self.gate.can_switch():
-                self.gate.apply()
-            else:
-                await self._drained.wait()
-            waited = True
-        if admission is Admission.REFUSE:
+        if not await wait_for_admission(self.gate, requests[0].version,
+                                        f"request {requests[0].request_id}",
+                                        apply_staged=self.gate.apply, drained=self._drained):
             for r in requests:
                 yield GenerationResult(r.request_id, list(r.prompt_ids), list(r.resume_ids),
                                        list(r.resume_logprobs), list(r.resume_versions),

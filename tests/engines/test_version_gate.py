@@ -187,3 +187,47 @@ def test_random_calls_keep_one_version_per_request(seed):
             gate.finished()
         assert gate.running == len(running)
     assert all(set(tokens) <= {joined} for joined, tokens in [*done, *running.values()])
+
+
+# -- wait_for_admission: the engines' one waiting loop ------------------------------------------
+
+def test_a_waiting_request_starts_on_the_staged_weights_once_the_engine_drains():
+    import asyncio
+
+    from eddyrl.engines.inference.versions import wait_for_admission
+
+    async def scenario():
+        gate, drained, applied = _busy(0), asyncio.Event(), []
+        gate.stage(1)
+
+        def apply():
+            applied.append(gate.staged)
+            gate.apply()
+
+        waiting = asyncio.ensure_future(wait_for_admission(gate, 1, "request r", apply_staged=apply,
+                                                           drained=drained))
+        await asyncio.sleep(0)
+        assert not waiting.done() and applied == []  # the running request keeps version 0
+        gate.finished(1)
+        drained.set()
+        assert await waiting is True and applied == [1] and gate.hosted == 1
+        # an older version is refused at once; an async apply is awaited; and nothing is
+        # asked while `not_switching` is clear
+        assert await wait_for_admission(gate, 0, "request s", apply_staged=apply,
+                                        drained=drained) is False
+        gate.stage(2)
+        switching = asyncio.Event()
+
+        async def apply_async():
+            await asyncio.sleep(0)
+            gate.apply()
+
+        later = asyncio.ensure_future(wait_for_admission(
+            gate, 2, "request t", apply_staged=apply_async, drained=drained,
+            not_switching=switching))
+        await asyncio.sleep(0)
+        assert not later.done() and gate.hosted == 1
+        switching.set()
+        assert await later is True and gate.hosted == 2
+
+    asyncio.run(scenario())

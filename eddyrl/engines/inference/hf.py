@@ -32,7 +32,7 @@ from .base import InferenceEngine, OutputSoFar, check_request
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
 from .stop_strings import watcher
-from .versions import Admission, VersionGate, call_version
+from .versions import VersionGate, call_version, wait_for_admission
 
 
 @dataclass
@@ -127,16 +127,9 @@ class HFInferenceEngine(InferenceEngine):
         """Ask the gate until the chunk may start: at once on the hosted version, or once the
         running requests drained and the staged weights are applied. False: refused, its
         version is gone (C1 forbids running the requests on others)."""
-        version = call_version(r.version for r in chunk)
-        who, waited = f"request {chunk[0].request_id}", False
-        while (admission := self._gate.admit(version, waited=waited, who=who)) is \
-                Admission.WAIT:
-            if self._gate.can_switch():
-                self._apply_staged()
-            else:
-                await self._drained.wait()
-            waited = True
-        return admission is Admission.JOIN
+        return await wait_for_admission(
+            self._gate, call_version(r.version for r in chunk), f"request {chunk[0].request_id}",
+            apply_staged=self._apply_staged, drained=self._drained)
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""

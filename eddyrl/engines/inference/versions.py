@@ -1,6 +1,7 @@
 """The version gate: which requests an inference engine starts, and when it swaps in staged
 weights. One rule for every engine (`hf`, `vllm`, the simulator's `sim`, the tests' scripted
-engine), held as a sans-IO object: no torch, no clock, no I/O, only state. The engine does the
+engine), held as a sans-IO object: no torch, no clock, no I/O, only state (plus `wait_for_admission`,
+the one loop engines await on it). The engine does the
 waiting and the weight copies; it asks the gate what to do and tells it what it did.
 
 The contract (the worker side of DORA's assignment, `core/version_assignment.py`):
@@ -35,7 +36,7 @@ The contract (the worker side of DORA's assignment, `core/version_assignment.py`
 
 An engine is a caller: `admit` per request or generate call, looping on WAIT (wait for its
 running requests to drain while `can_switch()` is false, then apply and ask again with
-`waited=True`); `started` / `finished` around what it runs; `stage` in `load_weights`, then
+`waited=True`: `wait_for_admission` is that loop); `started` / `finished` around what it runs; `stage` in `load_weights`, then
 `apply` the weights if `due()` (`stage`'s own answer: at once because the engine is idle); and
 `token_version()` for each token it samples. Illegal calls (a version newer than anything
 staged, `apply` with nothing staged or under C1 while requests run, more finished than started)
@@ -44,9 +45,11 @@ raise ValueError naming the gate's state.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import inspect
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable
 
 
 class Admission(enum.Enum):
@@ -206,3 +209,28 @@ class VersionGate:
         """Whether a running request that started on version `started_on` may sample its next
         token now: on its own version, or anywhere with partial rollout."""
         return started_on == self._hosted or self.policy.switches_running
+
+
+async def wait_for_admission(gate: VersionGate, version: int | None, who: str, *,
+                             apply_staged: Callable[[], Awaitable[None] | None],
+                             drained: asyncio.Event,
+                             not_switching: asyncio.Event | None = None) -> bool:
+    """The engines' side of `admit`'s WAIT, written once: ask, and while the answer is WAIT,
+    either apply the staged weights (`can_switch`) or wait for the running requests to drain
+    (`drained`), then ask again with `waited=True`. True: JOIN; False: REFUSE. Returns with no
+    await after its last `admit`, so the caller's `started` is on the version admitted.
+    `not_switching`: an engine whose weight copy awaits (vLLM) asks only while it is set."""
+    waited = False
+    while True:
+        if not_switching is not None:
+            await not_switching.wait()
+        admission = gate.admit(version, waited=waited, who=who)
+        if admission is not Admission.WAIT:
+            return admission is Admission.JOIN
+        if gate.can_switch():
+            applied = apply_staged()
+            if inspect.isawaitable(applied):
+                await applied
+        else:
+            await drained.wait()
+        waited = True

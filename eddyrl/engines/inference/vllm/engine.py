@@ -45,7 +45,7 @@ from . import transfer
 from ..base import InferenceEngine, check_request
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
 from ..stop_strings import watcher
-from ..versions import Admission, VersionGate, call_version
+from ..versions import VersionGate, call_version, wait_for_admission
 from .api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
 from .loop import LoopThread, Slots
 from .trajectory import Trajectory
@@ -170,18 +170,10 @@ class VLLMInferenceEngine(InferenceEngine):
         """As `hf`: ask the gate until the call may start, on the hosted version or, once the
         running requests drained, on the staged weights; False: refused (its version is gone).
         Returns with no await after its last check, so the caller admits on that version."""
-        version = call_version(r.version for r in requests)
-        who, waited = f"request {requests[0].request_id}", False
-        while True:
-            await self._switched.wait()  # not while weights are being switched
-            admission = self._gate.admit(version, waited=waited, who=who)
-            if admission is not Admission.WAIT:
-                return admission is Admission.JOIN
-            if self._gate.can_switch():
-                await self._apply_staged()
-            else:
-                await self._drained.wait()
-            waited = True
+        return await wait_for_admission(  # never while weights are being switched
+            self._gate, call_version(r.version for r in requests),
+            f"request {requests[0].request_id}", apply_staged=self._apply_staged,
+            drained=self._drained, not_switching=self._switched)
 
     async def _run(self, request: GenerationRequest, emit) -> None:
         trajectory = Trajectory(request, stops=watcher(request.sampling.stop_strings,
