@@ -93,12 +93,13 @@ class StreamingRollout:
                            partial_rollout=self.partial_rollout, migrate=self.migrate)
         self.turns = Turns(self.moves, self.streams, self.episodes, self._complete)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "router" and "moves" in self.__dict__:
-            if len(self.table):
-                raise RuntimeError("the rollout's router is set before its first request")
-            self._wire(value)  # tests and the adaptive driver's checks read `router`
+    def use_router(self, router: BucketRouter | None) -> None:
+        """Route with `router` (None: no routing) from now on; only before the first request,
+        since the placement and moves are built around it."""
+        if len(self.table):
+            raise RuntimeError("the rollout's router is set before its first request")
+        self.router = router
+        self._wire(router)
 
     # -- what others read ----------------------------------------------------------------------
 

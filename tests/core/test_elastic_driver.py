@@ -198,7 +198,7 @@ def test_a_plan_with_a_bucket_layout_reassigns_the_router_and_sees_per_bucket_lo
     driver = _driver(runtime, [])
     routing = RoutingConfig(policy="bucket", buckets=[BucketSpec("short", 10, workers=2),
                                                       BucketSpec("long", 100, workers=1)])
-    driver.rollout.router = BucketRouter(routing, bucket_instances(routing))
+    driver.rollout.use_router(BucketRouter(routing, bucket_instances(routing)))
     driver.rollout.take_bucket_lengths()  # start the record, as the first boundary does
     seen = []
 

@@ -133,7 +133,7 @@ def _routed_rollout(runtime, **routing):
                            rebuild_every=1,
                            buckets=[BucketSpec("short", 10), BucketSpec("long", 400)], **routing)
     rollout, ledger, window = _rollout(runtime)
-    rollout.router = BucketRouter(config, bucket_instances(config))
+    rollout.use_router(BucketRouter(config, bucket_instances(config)))
     return rollout, ledger
 
 

@@ -350,7 +350,7 @@ def test_tool_returns_reach_the_bucket_router(tiny_model_dir, tokenizer):
     config = RoutingConfig(policy="bucket", milestones=[1000], min_observations=1, window=10,
                            rebuild_every=1,
                            buckets=[BucketSpec("short", 10), BucketSpec("long", 400)])
-    rollout.router = BucketRouter(config, bucket_instances(config))
+    rollout.use_router(BucketRouter(config, bucket_instances(config)))
     seen = []
     on_state = rollout.router.on_state
     rollout.router.on_state = lambda rid, state, tokens, allowed: (
