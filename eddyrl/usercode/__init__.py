@@ -2,8 +2,10 @@
 worker threads, in worker processes, or inline; a failure, a hang or a crash of it costs its
 sample or episode, never the run (`pool`), configured by the `user_code` section (`config`)."""
 
-from .pool import (MODES, InlinePool, Pool, ProcessPool, SessionState, ThreadPool,
-                   UserCodeError, UserCodeTimeout, make_pool)
+from .pool import (MODES, InlinePool, Pool, SessionState, UserCodeError, UserCodeTimeout,
+                   make_pool)
+from .processes import ProcessPool
+from .threads import ThreadPool
 
 __all__ = ["MODES", "InlinePool", "Pool", "ProcessPool", "SessionState", "ThreadPool",
            "UserCodeError", "UserCodeTimeout", "make_pool"]
