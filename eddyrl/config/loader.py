@@ -149,12 +149,40 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _yaml_text(path: Path, data: bytes) -> str:
+    """The text of a config file: UTF-8 (a byte-order mark is dropped); a ConfigError naming
+    the file when it is binary (a NUL byte, or bytes that are not UTF-8)."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"config file '{path}' is not a text YAML file: it is UTF-16 (it "
+                          "starts with a UTF-16 byte-order mark); save it as UTF-8")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise ConfigError(f"config file '{path}' is not a text YAML file (binary: a NUL byte "
+                          f"at byte {nul}); give a UTF-8 YAML file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"config file '{path}' is not a text YAML file (binary: byte "
+                          f"0x{data[exc.start]:02x} at byte {exc.start}, line {line}, is not "
+                          "UTF-8); give a UTF-8 YAML file") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; give the path of a YAML file "
+                          "(or a bundled config's name)")
+    if not path.exists():
         raise ConfigError(f"config file '{path}' does not exist")
     try:
-        tree = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read ({exc.strerror or exc})") \
+            from None
+    text = _yaml_text(path, data)
+    try:
+        tree = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -3,6 +3,7 @@ configures and validated by its own `validate(prefix)`; the root adds cross-sect
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from ..checkpoints import CheckpointConfig
@@ -18,7 +19,7 @@ from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
 from ..usercode.config import UserCodeConfig
-from ..validation import check_range, contradiction
+from ..validation import check_finite_fields, check_range, contradiction
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,6 +51,7 @@ class EddyConfig:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
 
     def validate(self, prefix: str = "") -> None:
+        check_finite_fields(self)  # every float of the tree, before any range check
         check_platform_name("platform", self.platform)
         check_range("seed", self.seed, 0)
         for f in fields(self):
@@ -67,6 +69,7 @@ class EddyConfig:
             raise contradiction(f"algorithm.max_refill_rounds = {algo.max_refill_rounds} with "
                                 f"window.max_staleness = {window.max_staleness}: refills are "
                                 "generated synchronously; use them only with max_staleness = 0")
+        self._check_staleness()
         self._check_elastic()
         self._check_routing()
         self._check_colocated()
@@ -75,6 +78,24 @@ class EddyConfig:
             raise contradiction(
                 "data.task = tool_add is solved with a calculator, but env.name is not set; "
                 "set env.name = calculator (and env.options.syntax = tiny for the tiny model)")
+
+    def _check_staleness(self) -> None:
+        """A K the run cannot use. No group trained in a run of `loop.steps` = S steps can be
+        more than S - 1 versions old (the last step trains at version S - 1), so K >= S bounds
+        nothing more than K = S - 1 would; with the window admitting every group the bound
+        allows (`max_inflight_prompts` = 0: (K + 1) x batch_prompts in flight) it only lets
+        rollout run further ahead, and up to K x batch_prompts groups still generating when the
+        run ends are drained and never trained: at least as many as the whole run trains."""
+        k, steps, batch = self.window.max_staleness, self.loop.steps, self.loop.batch_prompts
+        if k == 0 or steps == 0 or k < steps or self.window.max_inflight_prompts:
+            return
+        warnings.warn(
+            f"window.max_staleness = {k} with loop.steps = {steps}: no trained group can be "
+            f"more than {steps - 1} version(s) old in {steps} step(s), and up to {k} x "
+            f"loop.batch_prompts = {k * batch} groups generated ahead are never trained (the "
+            f"run trains {steps * batch}); set window.max_staleness <= {max(steps - 1, 0)}, or "
+            "bound the groups in flight with window.max_inflight_prompts", UserWarning,
+            stacklevel=3)
 
     def _check_colocated(self) -> None:
         """Time-sharing devices leaves no room for a role to run while the other does."""

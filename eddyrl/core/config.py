@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..validation import check_choice, check_range, contradiction
+from ..validation import check_choice, check_range, contradiction, inf_allowed
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,14 +44,15 @@ class LoopConfig:
     batch_prompts: int = 16  # prompts (groups) per training step
     eval_every: int = 20  # steps between held-out evaluations (0: only at start and end)
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
-    max_seconds: float = 0.0  # stop after the step that crosses this runtime time (0: no limit)
+    # stop after the step that crosses this runtime time (0 or inf: no limit)
+    max_seconds: float = inf_allowed(0.0, "no limit, as 0")
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.steps", self.steps, 0)
         check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
         check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
-        check_range(f"{prefix}.max_seconds", self.max_seconds, 0)
+        check_range(f"{prefix}.max_seconds", self.max_seconds, 0, allow_inf=True)
 
 
 Refill = Literal["batch", "stream"]

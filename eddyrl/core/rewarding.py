@@ -10,6 +10,7 @@ at the limit.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -24,6 +25,8 @@ from ..usercode.pool import Pool, UserCodeError
 
 RewardFn = Callable[[str, str], float]
 
+log = logging.getLogger(__name__)
+
 
 class RewardTimeout(BaseException):
     """A reward call ran past its limit. A BaseException, so that a reward's own `except
@@ -33,10 +36,11 @@ class RewardTimeout(BaseException):
 @dataclass
 class SafeReward:
     """Wraps a reward function: an exception (SystemExit included), a value that is not a
-    finite number, a call longer than `timeout_s` (`data.reward_timeout_s`; None: no limit) or,
-    in a process pool, a worker that dies under it gives reward 0; the error is recorded on the
-    sample and counted (`errors`, and `reasons` by why: error, timeout, lost), and the run goes
-    on. A KeyboardInterrupt is raised on: it stops the run."""
+    finite real number (text such as "1.0" and None included: `_check`), a call longer than
+    `timeout_s` (`data.reward_timeout_s`; None: no limit) or, in a process pool, a worker
+    that dies under it gives reward 0; the error is recorded on the sample and counted
+    (`errors`, and `reasons` by why: error, timeout, lost), and the run goes on. A
+    KeyboardInterrupt is raised on: it stops the run."""
 
     fn: RewardFn
     timeout_s: float | None = None
@@ -45,6 +49,8 @@ class SafeReward:
     # where `score` runs the reward (`user_code.reward`); None: on the caller's thread
     pool: Pool | None = None
     reasons: Counter = field(default_factory=Counter)
+    # the types of non-number rewards warned about (one warning each)
+    _warned_types: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __call__(self, response: str, answer: str) -> tuple[float, str | None]:
         """Score on this thread (never the pool's)."""
@@ -89,9 +95,23 @@ class SafeReward:
         return _with_thread(self.fn, (response, answer), self.timeout_s)
 
     def _check(self, value: object) -> tuple[float, str | None]:
+        """A reward is a real number: int, float, bool (True is 1.0), a numpy number or a
+        one-element tensor or array (anything with `__float__`). Text is not, even text of a
+        number ("1.0": the reward function has a bug); neither is None. Those are counted
+        errors, with one warning per type."""
+        if isinstance(value, (str, bytes, bytearray)) or \
+                not hasattr(type(value), "__float__"):
+            kind = type(value).__name__
+            if kind not in self._warned_types:
+                self._warned_types.add(kind)
+                log.warning("reward function returned %s (%.60r), not a number: scored 0 and "
+                            "counted in reward_errors (a reward must be an int, float, bool or "
+                            "numpy number)", kind, value)
+            shown = "None" if value is None else f"{kind} {value!r:.60}"
+            return self._fail(f"reward function returned {shown}, not a number")
         try:
             value = float(value)  # type: ignore[arg-type]
-        except Exception as exc:  # a string, None, a tensor of many values...
+        except Exception as exc:  # a tensor of many values...
             return self._fail(f"{type(exc).__name__}: {exc}")
         if not math.isfinite(value):
             return self._fail(f"reward function returned {value}")

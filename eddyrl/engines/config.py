@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from ..errors import ConfigError
 from ..validation import check_choice, check_positive, check_range
 
 
@@ -38,6 +39,13 @@ class RolloutConfig:
         check_platform_name(f"{prefix}.platform", self.platform)
         check_range(f"{prefix}.num_workers", self.num_workers, 1)
         check_range(f"{prefix}.n_samples", self.n_samples, 1)
+        if self.n_samples == 1:
+            # every advantage estimator here is group-relative (eddyrl/core/advantages.py:
+            # GRPO, and Dr. GRPO with algorithm.normalize_std = false)
+            raise ConfigError(
+                f"config key '{prefix}.n_samples' = 1 trains nothing: a response's advantage is "
+                "its reward minus the mean of its prompt's group (GRPO, Dr. GRPO), so in a "
+                "group of one it is always 0; sample at least 2 responses per prompt")
         check_range(f"{prefix}.temperature", self.temperature, 0)
         check_range(f"{prefix}.top_p", self.top_p, 0, 1, lo_open=True)
         check_range(f"{prefix}.top_k", self.top_k, 0)

@@ -69,17 +69,26 @@ def detect() -> Platform:
 
 def get_platform(name: str | None = None, *, require_available: bool = True) -> Platform:
     """The platform called `name`; None or "auto" falls back to `EDDY_PLATFORM`, then detection."""
+    from_env = False
     if name in (None, "", AUTO):
+        from_env = bool(os.environ.get(ENV_VAR))
         name = os.environ.get(ENV_VAR) or AUTO
     if name == AUTO:
         return detect()
     classes = platform_classes()
     if name not in classes:
+        if from_env:  # the user may not know the variable is set: name it
+            raise PlatformError(f"{ENV_VAR}={name!r} is not a known platform; known "
+                                f"platforms: {', '.join(sorted(classes))} (or 'auto'); set "
+                                f"{ENV_VAR} to one of them, or unset it to detect the "
+                                "platform")
         raise PlatformError(f"unknown platform {name!r}; known platforms: "
                             f"{', '.join(sorted(classes))} (or 'auto')")
     platform = _instance(name)
     if require_available:
         reason = platform.unavailable_reason()
         if reason is not None:
-            raise PlatformError(f"platform {name!r} was requested but is not usable here: {reason}")
+            source = f" (by {ENV_VAR}={name!r})" if from_env else ""
+            raise PlatformError(f"platform {name!r} was requested{source} but is not usable "
+                                f"here: {reason}")
     return platform

@@ -55,9 +55,33 @@ def read_records(path: Path) -> Iterator[tuple[int, Any]]:
     return _json_lines_records(path)
 
 
+def _decode_line(path: Path, raw: bytes, row_number: int, offset: int) -> str:
+    """A line of a JSON lines file as text; ValueError naming the file, the row and the byte
+    offset when it is not UTF-8 text (a binary file, UTF-16, Latin-1, Parquet named .jsonl).
+    A UTF-8 byte-order mark at the start of the file is dropped."""
+    at, what = None, ""
+    if row_number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        at, what = 0, "it is UTF-16 (it starts with a UTF-16 byte-order mark)"
+    elif row_number == 1 and raw.startswith(b"PAR1"):
+        at, what = 0, "it is a Parquet file (give it the suffix .parquet)"
+    elif (nul := raw.find(b"\x00")) >= 0:  # valid UTF-8, but no text file holds one
+        at, what = nul, "a NUL byte (a binary file, or UTF-16)"
+    else:
+        try:
+            return raw.decode("utf-8-sig" if row_number == 1 else "utf-8")
+        except UnicodeDecodeError as error:
+            at, what = error.start, f"byte 0x{raw[error.start]:02x} is not UTF-8"
+    raise ValueError(f"{path}: row {row_number}: cannot be read as text at byte offset "
+                     f"{offset + at}: {what}; expected UTF-8 JSON lines (one object per line), "
+                     "or a .parquet file")
+
+
 def _json_lines_records(path: Path) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8") as file:
-        for row_number, line in enumerate(file, start=1):
+    with open(path, "rb") as file:
+        offset = 0
+        for row_number, raw in enumerate(file, start=1):
+            line = _decode_line(path, raw, row_number, offset)
+            offset += len(raw)
             if not line.strip():
                 continue  # blank lines are skipped but counted, so row numbers are line numbers
             try:

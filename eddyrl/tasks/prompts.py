@@ -37,8 +37,27 @@ class PromptSet:
     def from_rows(cls, rows: list[dict], source: str, tokenizer, max_tokens: int,
                   overflow: str) -> "PromptSet":
         prompts, truncated = [], 0
+        per_token = None  # the most bytes a token covers, read once a prompt may be long
         for index, row in enumerate(rows):
-            ids = prompt_ids(tokenizer, row["prompt"])
+            prompt = row["prompt"]
+            size = prompt_bytes(prompt)
+            if size > max_tokens:  # a token covers at least a byte: only then can it be long
+                if per_token is None:
+                    per_token = max_token_bytes(tokenizer)
+                # bytes: a prompt's text longer than this cannot fit in max_tokens tokens
+                cap = max_tokens * per_token
+                if size > cap:  # refused or cut without tokenizing all of it
+                    if overflow == "error":
+                        raise ConfigError(
+                            f"{source}: row {index + 1}: prompt is {size} bytes, more than "
+                            f"data.max_prompt_tokens={max_tokens} tokens can hold ({cap} bytes: "
+                            f"a token of this tokenizer covers at most {per_token} bytes); not "
+                            "tokenized (raise data.max_prompt_tokens, or set "
+                            "data.prompt_overflow=truncate)")
+                    # only its end is kept; twice the bytes the kept tokens can cover, so that
+                    # the cut is far from them
+                    prompt = prompt_tail(prompt, 2 * cap)
+            ids = prompt_ids(tokenizer, prompt)
             if len(ids) > max_tokens:
                 if overflow == "error":
                     raise ConfigError(f"{source}: row {index + 1}: prompt is {len(ids)} tokens, "
@@ -112,6 +131,49 @@ def prompt_text(prompt: str | list[dict]) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n\n".join(message["content"] for message in prompt)
+
+
+# A token's most bytes when the tokenizer does not list its vocabulary: more than the longest
+# token of common vocabularies (runs of spaces or dashes).
+FALLBACK_TOKEN_BYTES = 256
+
+
+def prompt_bytes(prompt: str | list[dict]) -> int:
+    """UTF-8 bytes of a prompt's text (chat messages: their contents)."""
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8", errors="replace"))
+    return sum(len(m["content"].encode("utf-8", errors="replace")) for m in prompt)
+
+
+def max_token_bytes(tokenizer) -> int:
+    """An upper bound on the text bytes one token of `tokenizer` stands for: the longest entry
+    of its vocabulary in UTF-8 (byte-level and sentencepiece spellings only overstate it), or
+    FALLBACK_TOKEN_BYTES when it does not list one. So a text of more than n times this many
+    bytes is more than n tokens, told without tokenizing it."""
+    try:
+        vocab = tokenizer.get_vocab()
+        longest = max(len(str(token).encode("utf-8", errors="replace")) for token in vocab)
+    except Exception:  # no vocabulary to read (a stand-in tokenizer): the generous bound
+        return FALLBACK_TOKEN_BYTES
+    return max(longest, 1)
+
+
+def prompt_tail(prompt: str | list[dict], budget: int) -> str | list[dict]:
+    """The end of a prompt, at most `budget` bytes of text: a string's last bytes (cut at a
+    character), or the last chat messages, the first of them cut to its end."""
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", errors="replace")[-budget:].decode("utf-8", errors="ignore")
+    kept: list[dict] = []
+    for message in reversed(prompt):
+        size = len(message["content"].encode("utf-8", errors="replace"))
+        if size <= budget:
+            kept.append(message)
+            budget -= size
+            continue
+        if budget > 0 or not kept:
+            kept.append({**message, "content": prompt_tail(message["content"], budget)})
+        break
+    return kept[::-1]
 
 
 def prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:

@@ -113,3 +113,59 @@ def test_bad_keys_in_a_file_name_the_file(tmp_path, text, message):
 def test_config_file_that_does_not_exist(tmp_path):
     path = tmp_path / "nope.yaml"
     assert config_error(path) == f"config file '{path}' does not exist"
+
+
+def test_config_file_that_is_a_directory(tmp_path):
+    assert config_error(tmp_path) == (f"config file '{tmp_path}' is a directory; give the path "
+                                      "of a YAML file (or a bundled config's name)")
+
+
+@pytest.mark.parametrize("data, message", [
+    pytest.param(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+                 "is not a text YAML file (binary: a NUL byte at byte 8); give a UTF-8 YAML file",
+                 id="binary"),
+    pytest.param(b"rollout:\n  engine: hf # caf\xe9\n",
+                 "is not a text YAML file (binary: byte 0xe9 at byte 27, line 2, is not UTF-8); "
+                 "give a UTF-8 YAML file", id="not-utf8"),
+    pytest.param("platform: cpu\n".encode("utf-16"),
+                 "is not a text YAML file: it is UTF-16 (it starts with a UTF-16 byte-order "
+                 "mark); save it as UTF-8", id="utf-16"),
+])
+def test_config_file_that_is_not_text_yaml(tmp_path, data, message):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(data)
+    assert config_error(path) == f"config file '{path}' {message}"
+
+
+def test_config_file_with_a_utf8_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"\xef\xbb\xbfseed: 3\n")
+    assert load_config(path).seed == 3
+
+
+def test_one_sample_per_prompt_trains_nothing():
+    assert config_error(overrides=["rollout.n_samples=1"]) == (
+        "config key 'rollout.n_samples' = 1 trains nothing: a response's advantage is its "
+        "reward minus the mean of its prompt's group (GRPO, Dr. GRPO), so in a group of one it "
+        "is always 0; sample at least 2 responses per prompt")
+
+
+def test_staleness_the_run_cannot_use_is_warned_with_the_reason():
+    with pytest.warns(UserWarning) as caught:
+        load_config(overrides=["window.max_staleness=8", "loop.steps=4", "loop.batch_prompts=16"])
+    assert [str(w.message) for w in caught] == [
+        "window.max_staleness = 8 with loop.steps = 4: no trained group can be more than 3 "
+        "version(s) old in 4 step(s), and up to 8 x loop.batch_prompts = 128 groups generated "
+        "ahead are never trained (the run trains 64); set window.max_staleness <= 3, or bound "
+        "the groups in flight with window.max_inflight_prompts"]
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param(["window.max_staleness=3", "loop.steps=4"], id="usable"),
+    pytest.param(["window.max_staleness=8", "loop.steps=4", "window.max_inflight_prompts=16"],
+                 id="bounded-in-flight"),
+    pytest.param(["window.max_staleness=0", "loop.steps=0"], id="sync"),
+])
+def test_staleness_the_run_can_use_is_not_warned(overrides, recwarn):
+    load_config(overrides=overrides)
+    assert not [w for w in recwarn if "max_staleness" in str(w.message)]

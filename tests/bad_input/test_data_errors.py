@@ -119,3 +119,91 @@ def test_prompt_longer_than_max_prompt_tokens_names_the_row():
     assert str(error.value).startswith("train.jsonl: row 2: prompt is ")
     assert str(error.value).endswith("tokens, more than data.max_prompt_tokens=32 (raise it, or "
                                      "set data.prompt_overflow=truncate)")
+
+
+class CountingTokenizer:
+    """The tiny tokenizer, recording the length of every text it is asked to tokenize."""
+
+    def __init__(self):
+        from eddyrl.models.tiny import build_tokenizer
+
+        self.inner, self.seen = build_tokenizer(), []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.seen.append(sum(len(m["content"]) for m in messages))
+        return self.inner.apply_chat_template(messages, **kwargs)
+
+    def __call__(self, text, **kwargs):
+        self.seen.append(len(text))
+        return self.inner(text, **kwargs)
+
+
+HUGE = "add " + "9 " * 2_000_000  # 4 MB on one line
+
+
+@pytest.mark.parametrize("prompt", [HUGE, [{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": HUGE}]],
+                         ids=["text", "chat-messages"])
+def test_multi_megabyte_prompt_is_refused_without_tokenizing_it(prompt):
+    tokenizer = CountingTokenizer()
+    rows = [{"prompt": "add 1 2", "answer": "3"}, {"prompt": prompt, "answer": "1"}]
+    with pytest.raises(ConfigError) as error:
+        PromptSet.from_rows(rows, "train.jsonl", tokenizer, 32, "error")
+    size = len(HUGE) + (len("be brief") if isinstance(prompt, list) else 0)
+    # the tiny tokenizer's longest token is '<|endoftext|>', 13 bytes
+    assert str(error.value) == (
+        f"train.jsonl: row 2: prompt is {size} bytes, more than data.max_prompt_tokens=32 "
+        "tokens can hold (416 bytes: a token of this tokenizer covers at most 13 bytes); not "
+        "tokenized (raise data.max_prompt_tokens, or set data.prompt_overflow=truncate)")
+    assert tokenizer.seen == [7]  # only the short row was tokenized
+
+
+def test_multi_megabyte_prompt_is_truncated_from_its_end_without_tokenizing_it():
+    tokenizer = CountingTokenizer()
+    rows = [{"prompt": HUGE + "1 2", "answer": "1"}]
+    prompts = PromptSet.from_rows(rows, "train.jsonl", tokenizer, 32, "truncate")
+    assert prompts.truncated == 1 and max(tokenizer.seen) <= 2 * 32 * 13
+    (prompt,) = prompts.prompts
+    assert len(prompt.prompt_ids) == 32
+    assert tokenizer.inner.decode(list(prompt.prompt_ids)).endswith(
+        "9 9 1 2<|im_end|>\n<|im_start|>assistant\n")
+    # the same ids as tokenizing all of it would give
+    short = HUGE[-2000:] + "1 2"
+    full = PromptSet.from_rows([{"prompt": short, "answer": "1"}], "x", tokenizer.inner, 32,
+                               "truncate")
+    assert full.prompts[0].prompt_ids == prompt.prompt_ids
+
+
+GOOD_LINE = b'{"prompt": "add 1 2", "answer": "3"}\n'
+
+
+@pytest.mark.parametrize("data, row, at, what", [
+    pytest.param(GOOD_LINE.decode().encode("utf-16"), 1, b"\xff\xfe",
+                 "it is UTF-16 (it starts with a UTF-16 byte-order mark)", id="utf-16"),
+    pytest.param(GOOD_LINE + b'{"prompt": "caf\xe9", "answer": "3"}\n', 2, b"\xe9",
+                 "byte 0xe9 is not UTF-8", id="latin-1-row"),
+    pytest.param(GOOD_LINE + b"\x89PNG\r\n\x1a\n\x00\x00", 2, b"\x89",
+                 "byte 0x89 is not UTF-8", id="binary"),
+    pytest.param(GOOD_LINE + b'{"prompt": "a\x00", "answer": "3"}\n', 2, b"\x00",
+                 "a NUL byte (a binary file, or UTF-16)", id="nul-byte"),
+    pytest.param(b"PAR1\x15\x04\x15\x00", 1, b"PAR1",
+                 "it is a Parquet file (give it the suffix .parquet)", id="parquet-as-jsonl"),
+])
+def test_file_that_is_not_utf8_names_file_row_and_byte_offset(tmp_path, data, row, at, what):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(data)
+    assert splits_error(tmp_path, path) == (
+        f"data.train_path: {path}: row {row}: cannot be read as text at byte offset "
+        f"{data.index(at)}: {what}; expected UTF-8 JSON lines (one object per line), or a "
+        ".parquet file")
+
+
+def test_utf8_byte_order_mark_is_read(tmp_path):
+    from eddyrl.tasks.dataset import read_rows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD_LINE.replace(b"\n", b"\r\n"))
+    assert read_rows(path) == [{"prompt": "add 1 2", "answer": "3"}]

