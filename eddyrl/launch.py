@@ -19,6 +19,7 @@ from .build import build_controller, loop_settings
 from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
 from .envs.hosting import EnvHost, host_environments
+from .preflight import preflight
 from .protocol import SamplingParams
 from .run_dir import RunDirectory
 from .errors import ConfigError
@@ -156,7 +157,7 @@ def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: 
         raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
                           "another run_dir, move that one away, or go on with resume=auto")
     resume.check_settings(point, seed=config.seed, steps=config.loop.steps)
-    model_path = config.model.resolve()
+    model_path = preflight(config)  # the model's files, lengths, engines: before Ray starts
     with contextlib.ExitStack() as stack:  # whatever was started is stopped, in reverse
         tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
                                                                    hold.staging("data"))

@@ -71,7 +71,9 @@ def test_trainer_checkpoint_loads_with_pickle_off(tmp_path, no_pickle):
 
 
 def test_run_state_loads_with_pickle_off(tmp_path, no_pickle):
-    state = run_state.RunState({"format": run_state.FORMAT, "step": 1}, {"step": 1, "groups": {}},
+    meta = {"format": run_state.FORMAT, "step": 1, "seed": 0, "data": {}, "window": {},
+            "replay": {}, "next_group_id": 0, "reward_errors": 0, "history": [], "rng": {}}
+    state = run_state.RunState(meta, {"step": 1, "groups": {}},
                                {"rng.torch": torch.get_rng_state()})
     run_state.write(tmp_path, state)
     back = run_state.read(tmp_path)

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from ...hal import Platform
 from .base import InferenceEngine, OutputSoFar, check_request
+from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
 from .stop_strings import watcher
@@ -55,7 +56,8 @@ class HFInferenceEngine(InferenceEngine):
         self.platform = platform
         self.model_path = model_path
         self.device = platform.device(platform.local_rank())
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                     **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device).eval()
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         self.max_batch_size = max_batch_size

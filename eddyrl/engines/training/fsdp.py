@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
@@ -103,7 +104,8 @@ class FSDPTrainEngine(TrainEngine):
         self.device = platform.device(platform.local_rank())
         self.mesh = platform.device_mesh((world_size,), ("dp",))
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                     **weights_kwargs(model_path))
         model = platform.apply_model_patches(model)
         self._aliases = _aliases(model)
         mp_policy = self._mixed_precision(_resolve_dtype(param_dtype))

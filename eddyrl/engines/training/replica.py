@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...hal import Platform
 from .base import LossFn, token_logprobs
@@ -24,7 +25,8 @@ class GradientReplica:
 
         self.platform = platform
         self.device = platform.device(platform.local_rank())
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                     **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device)
         self.temperature, self.micro_batch_size = temperature, micro_batch_size
         self.version = -1  # no weights fetched yet
