@@ -214,11 +214,23 @@ class TrainerRank:
         trainer's log-probs are from the sampler's on the same tokens (before the update).
         `replica_results`: Ray references to joined replicas' (gradients, metric sums) for this
         step, awaited only after this rank's own backward passes (elastic pool)."""
-        current = self.engine.compute_logprobs(batch)  # the weights before this update
-        metrics = self._logprob_mismatch(batch, current)
         if self.reference is not None:
             batch.ref_logprobs = self.reference.compute_logprobs(batch)
         chunks = self.config.train.mini_batches
+        if chunks == 1 and not self.config.algorithm.decoupled:
+            # One pass: the update's own forward gives the pre-update log-probs (measured:
+            # the separate pass was ~1/4 of a step's training time on the default run).
+            current = torch.zeros(batch.input_ids.shape)
+            metrics: dict[str, float] = {}
+            external = _replica_gradients(replica_results, metrics) if replica_results \
+                else None
+            metrics.update(self.engine.train_step(batch, self.loss_fn,
+                                                  extra_tokens=replica_tokens,
+                                                  external_grads=external,
+                                                  logprobs_out=current))
+            return {**self._logprob_mismatch(batch, current), **metrics}
+        current = self.engine.compute_logprobs(batch)  # the weights before this update
+        metrics = self._logprob_mismatch(batch, current)
         size = -(-len(batch) // chunks) if len(batch) else 0
         for index in range(chunks):
             rows = slice(index * size, (index + 1) * size)

@@ -40,8 +40,11 @@ class TrainEngine(abc.ABC):
         """[B, L] log-probs of `batch.input_ids` under the current weights (no grad)."""
 
     @abc.abstractmethod
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over this rank's share of the batch."""
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, *,
+                   logprobs_out: torch.Tensor | None = None) -> dict[str, float]:
+        """One optimizer step over this rank's share of the batch; `logprobs_out` ([B, L]),
+        when given, receives the log-probs of its forward passes (the weights before the
+        step: what `compute_logprobs` gives), so a caller needs no second pass."""
 
     @abc.abstractmethod
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:

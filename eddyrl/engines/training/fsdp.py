@@ -169,8 +169,11 @@ class FSDPTrainEngine(TrainEngine):
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, *, extra_tokens: int = 0,
                    external_grads: Callable[[], dict[str, torch.Tensor]] | None = None,
-                   ) -> dict[str, float]:
-        """`extra_tokens` / `external_grads`: loss tokens and gradients of joined replicas
+                   logprobs_out: torch.Tensor | None = None) -> dict[str, float]:
+        """`logprobs_out`: a [B, L] tensor that receives the log-probs of the step's own
+        forward passes, detached: the weights before this update, what `compute_logprobs`
+        would give, without a second pass over the batch.
+        `extra_tokens` / `external_grads`: loss tokens and gradients of joined replicas
         (elastic pool) outside this data-parallel group. Every rank counts the tokens into the
         global normalisation; after the ranks' own backward passes, each rank adds its shard of
         the external gradient (full tensors in HF names, the same on every rank) to its reduced
@@ -181,9 +184,14 @@ class FSDPTrainEngine(TrainEngine):
         local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
         total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item())) + extra_tokens
         loss_sum, metric_sums = 0.0, {}
-        for micro, padding in self._micro_batches(batch):
+        for index, (micro, padding) in enumerate(self._micro_batches(batch)):
             micro = micro.to(self.device)
-            loss, metrics = loss_fn(self._logprobs(micro), micro, total_tokens)
+            logprobs = self._logprobs(micro)
+            if logprobs_out is not None and not padding:
+                rows = slice(index * self.micro_batch_size, index * self.micro_batch_size
+                             + len(micro))
+                logprobs_out[rows] = logprobs.detach().to(logprobs_out.device)
+            loss, metrics = loss_fn(logprobs, micro, total_tokens)
             # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
             (loss * self.world_size).backward()
             tokens = 0.0 if padding else float(micro.loss_mask.sum())
