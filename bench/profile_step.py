@@ -10,6 +10,10 @@ before each update), the update (`train_step`), and the weight export into the e
 the median and p90 of each phase over the steps after the first (warm-up), and a
 torch.profiler table of the update's top ops. `--hogs N` runs N busy loops beside it (ended
 by their PIDs). Timings are wall-clock on a shared machine: compare within one invocation.
+
+OpenMP's waiting is Eddy's (GOMP_SPINCOUNT=0, set by `import eddyrl`) unless the environment
+says otherwise: `GOMP_SPINCOUNT=300000 python bench/profile_step.py` measures GNU OpenMP's
+default spinning.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import eddyrl  # noqa: E402,F401  (before torch: it sets how OpenMP threads wait)
 
 
 def main() -> None:
@@ -113,7 +118,8 @@ def run(args) -> None:
         profile_batch = batch
 
     print(f"# bench/profile_step.py --steps {args.steps} --threads {args.threads} "
-          f"--hogs {args.hogs}; {os.cpu_count()} cores; torch {torch.__version__}, "
+          f"--hogs {args.hogs}; GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}; "
+          f"{os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; batch {len(profile_batch)} rows x "
           f"{profile_batch.input_ids.shape[1]} tokens")
     total = 0.0
