@@ -57,6 +57,9 @@ class GenerationRequest:
     # the older groups the trainer will wait for first. An engine without priority scheduling
     # serves in arrival order.
     priority: int = 0
+    # What it is for: "train" (a training sample) or "eval" (held-out evaluation). Engines
+    # treat both alike; a trace draws evaluation as its own span.
+    purpose: str = "train"
 
 
 @dataclass(slots=True)

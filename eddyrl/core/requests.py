@@ -115,6 +115,7 @@ class Request:
     # it carries generated tokens (resumed from a partial output or a transcript): its version
     # is fixed (C1); a fresh one may still start on newer weights (`relabel`)
     resumed: bool = False
+    evaluation: bool = False  # a held-out evaluation request (never trained)
     history: list[str] = field(default_factory=list)
 
     def runs_on(self, worker: int) -> bool:

@@ -214,8 +214,8 @@ class StreamingRollout:
             first = target if sample == 0 else first
             request = self.table.add(Request(
                 request_id, group, sample, sampling, track, priority,
-                episode=self.episodes.start(sampling.max_new_tokens, training)),
-                target, version)
+                episode=self.episodes.start(sampling.max_new_tokens, training),
+                evaluation=not training), target, version)
             if target is not None:
                 self.streams.send(request)
         return first

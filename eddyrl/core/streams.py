@@ -66,15 +66,17 @@ class Streams:
     def engine_request(self, request: Request, partial: GenerationResult | None = None
                        ) -> GenerationRequest:
         group = request.group
+        purpose = "eval" if request.evaluation else "train"
         if partial is None:
             return GenerationRequest(request.id, group.prompt_ids, request.sampling,
                                      version=request.version, report_at=self.report_at,
-                                     priority=request.priority)
+                                     priority=request.priority, purpose=purpose)
         return GenerationRequest(request.id, partial.prompt_ids, request.sampling,
                                  resume_ids=partial.token_ids,
                                  resume_logprobs=partial.logprobs,
                                  resume_versions=partial.versions, version=request.version,
-                                 report_at=self.report_at, priority=request.priority)
+                                 report_at=self.report_at, priority=request.priority,
+                                 purpose=purpose)
 
     def abort(self, worker: int, request_id: str) -> None:
         """Abort `request_id` on `worker` (batched per worker, as sends are)."""
@@ -95,10 +97,11 @@ class Streams:
         sends, self._sends = self._sends, {}
         for worker, batch in sends.items():
             # one call per version: an engine admits a call by its version (C1); the version
-            # is the record's now (a weight publish may have relabelled it since `send`)
-            calls: dict[int, list[GenerationRequest]] = {}
+            # is the record's now (a weight publish may have relabelled it since `send`).
+            # And per purpose, so that a trace tells evaluation from generation.
+            calls: dict[tuple[int, bool], list[GenerationRequest]] = {}
             for request, partial in batch:
-                calls.setdefault(request.version, []).append(
+                calls.setdefault((request.version, request.evaluation), []).append(
                     self.engine_request(request, partial))
             for requests in calls.values():
                 self.track(self._stream(worker, requests))

@@ -43,8 +43,8 @@ class Trace:
              "join": "changing role", "leave": "changing role",
              "switch to train": "changing role", "switch to rollout": "changing role",
              "migrate": "migrate", "replace": "replace", "reward": "reward",
-             "checkpoint": "checkpoint", "configure": "configure"}
-    COLORS = {"generate": "tab:blue", "train": "tab:green", "weight sync": "tab:orange",
+             "checkpoint": "checkpoint", "configure": "configure", "evaluate": "evaluate"}
+    COLORS = {"generate": "tab:blue", "evaluate": "tab:gray", "train": "tab:green", "weight sync": "tab:orange",
               "lent to training": "tab:olive", "changing role": "tab:red",
               "migrate": "tab:purple", "replace": "black", "reward": "tab:cyan",
               "checkpoint": "tab:brown", "configure": "tab:pink"}

@@ -22,7 +22,7 @@ from .trace import Trace
 # Most significant first: a worker loading weights while its stream is open is drawn as
 # loading weights (the stream waits for it), an abort during generation as a migration.
 PRIORITY = ("replace", "join", "leave", "weight sync", "checkpoint", "configure", "migrate",
-            "replica", "train", "reward", "generate")
+            "replica", "train", "reward", "evaluate", "generate")
 # Spans of one kind closer than this are drawn as one, with the calls counted and the time
 # really spent in them kept (`busy_s`): reward calls come in bursts of thousands per step, and
 # one event per call would make a long run's trace too large to open.
@@ -143,14 +143,18 @@ class TracingRuntime:
 
     async def generate(self, worker: int, requests: list[GenerationRequest]
                        ) -> AsyncIterator[GenerationResult]:
-        """One span from the call to the end of its stream (per request would be too many)."""
+        """One span from the call to the end of its stream (per request would be too many):
+        "evaluate" for held-out evaluation requests, else "generate"."""
         keys = [("rollout", worker)]
-        self._mark("generate", keys, True)
+        # one purpose per call: the rollout's streams send evaluation and training apart
+        evaluation = bool(requests) and getattr(requests[0], "purpose", "train") == "eval"
+        kind = "evaluate" if evaluation else "generate"
+        self._mark(kind, keys, True)
         try:
             async for result in self.runtime.generate(worker, requests):
                 yield result
         finally:
-            self._mark("generate", keys, False)
+            self._mark(kind, keys, False)
 
     async def train(self, batch: Any, replicas: Sequence[int] = ()) -> dict[str, float]:
         """The trainer ranks train; rollout workers lent to training (elastic replicas) too."""

@@ -172,3 +172,33 @@ def test_a_stream_from_an_old_incarnation_is_counted_as_stray():
         assert rollout.ledger.state("a").value == "generating"
 
     asyncio.run(scenario())
+
+
+
+def test_evaluation_and_training_requests_go_to_an_engine_in_separate_calls():
+    """A worker's batched sends are split per purpose as well as per version, so a trace can
+    draw the held-out evaluation as its own span (issue 20: it was merged into step 1's
+    generation)."""
+    from eddyrl.core.requests import Request
+    from eddyrl.core.streams import Streams
+
+    runtime = ManualRuntime(1)
+    streams = Streams(runtime, on_result=lambda w, r: None, on_lost=lambda w, e: None)
+
+    async def scenario():
+        group, sampling = Group("g", "p", "1", [7], 0), SamplingParams(max_new_tokens=8)
+        for name, evaluation in (("t0", False), ("e0", True), ("t1", False)):
+            request = Request(name, group, 0, sampling, True, 0, evaluation=evaluation)
+            request.worker = 0
+            streams.send(request)  # batched with the others of this moment
+        streams.flush_sends()
+        await _turns()
+        calls = sorted([r.request_id for r in requests] for _, requests in runtime.calls)
+        assert calls == [["e0"], ["t0", "t1"]]
+        assert {r.purpose for _, requests in runtime.calls for r in requests
+                if r.request_id == "e0"} == {"eval"}
+        for call, (_, requests) in enumerate(runtime.calls):
+            runtime.emit(call, None)
+        await _turns()
+
+    asyncio.run(scenario())

@@ -126,6 +126,26 @@ def test_spans_per_role_with_names_and_exact_bounds():
     assert fake.stats_calls == 1
 
 
+def test_held_out_evaluation_is_its_own_span():
+    """The start-up evaluation and step 1's generation were one "generate" span (issue 20)."""
+    from eddyrl.protocol import GenerationRequest, SamplingParams
+
+    fake = FakeRuntime()
+    trace = Trace()
+    tracer = TracingRuntime(fake, trace, origin=0.0)
+
+    async def run():
+        sampling = SamplingParams(max_new_tokens=4)
+        for purpose in ("eval", "train"):
+            async for _ in tracer.generate(0, [GenerationRequest(purpose, [1], sampling,
+                                                                 purpose=purpose)]):
+                pass
+
+    asyncio.run(run())
+    tracer.close()
+    assert spans(trace, ROLLOUT, 0) == [("evaluate", 0, 1), ("generate", 1, 2)]
+
+
 def test_close_ends_what_is_still_under_way():
     fake = FakeRuntime()
     trace = Trace()
