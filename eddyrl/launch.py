@@ -185,8 +185,6 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
          model_path: str, point: resume.ResumePoint | None, tokenizer, train_set, eval_set,
          settings, reward, started: float) -> dict[str, Any]:
     """Metrics sinks, the Ray runtime and the controller; the run itself."""
-    from .runtime.ray import RayRuntime
-
     # metrics.jsonl, and TensorBoard / W&B as `observe` says (eddyrl/observability/sinks.py)
     metrics_file = open_sinks(config.observe, run_dir, dataclasses.asdict(config),
                               resumed_at=None if point is None else point.step)
@@ -197,8 +195,15 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
         metrics_file(metrics)
         on_step(metrics)
 
-    runtime = ray_runtime = RayRuntime(config, model_path, str(run_dir))
-    stack.callback(ray_runtime.shutdown)
+    if config.cluster.runtime == "local":
+        from .runtime.local import LocalRuntime
+
+        runtime = base_runtime = LocalRuntime(config, model_path, str(run_dir))
+    else:
+        from .runtime.ray import RayRuntime
+
+        runtime = base_runtime = RayRuntime(config, model_path, str(run_dir))
+    stack.callback(base_runtime.shutdown)
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)

@@ -73,6 +73,7 @@ class EddyConfig:
         self._check_elastic()
         self._check_routing()
         self._check_colocated()
+        self._check_local_runtime()
         if self.data.task == "tool_add" and self.data.train_path is None and \
                 self.env.name is None:
             raise contradiction(
@@ -96,6 +97,25 @@ class EddyConfig:
             f"run trains {steps * batch}); set window.max_staleness <= {max(steps - 1, 0)}, or "
             "bound the groups in flight with window.max_inflight_prompts", UserWarning,
             stacklevel=3)
+
+    def _check_local_runtime(self) -> None:
+        """One process holds what `cluster.runtime = local` runs: no other process to lend,
+        replace or time-share with."""
+        if self.cluster.runtime != "local":
+            return
+        key = "cluster.runtime = local"
+        if self.train.num_workers != 1:
+            raise contradiction(f"{key} runs one trainer rank in this process; "
+                                f"train.num_workers = {self.train.num_workers} needs "
+                                "cluster.runtime = ray")
+        if self.cluster.placement != "split":
+            raise contradiction(f"{key} with cluster.placement = {self.cluster.placement}: "
+                                "no engine sleeps while the trainer trains in one process; "
+                                "use cluster.placement = split or cluster.runtime = ray")
+        if self.elastic.enabled:
+            raise contradiction(f"{key} with elastic.enabled = True: the elastic pool lends a "
+                                "rollout worker's process to training; use cluster.runtime = "
+                                "ray")
 
     def _check_colocated(self) -> None:
         """Time-sharing devices leaves no room for a role to run while the other does."""

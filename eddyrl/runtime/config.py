@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from ..errors import ConfigError
 from ..validation import check_choice, check_range
 
 
 Placement = Literal["split", "colocated"]
+RuntimeKind = Literal["ray", "local"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,6 +26,10 @@ class ClusterConfig:
     # trainer trains, the trainer's state waits in host memory while the engine generates.
     # Synchronous only; it lets one device run `eddy train`.
     placement: Placement = "split"
+    # ray: every worker an actor of a Ray cluster (local on loopback unless `address`).
+    # local: one process, no Ray: the rollout engines and one trainer rank in the driver
+    # (runtime/local.py); no elastic pool, worker replacement or colocation.
+    runtime: RuntimeKind = "ray"
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:
@@ -31,3 +37,8 @@ class ClusterConfig:
         check_range(f"{prefix}.threads_per_worker", self.threads_per_worker, 0)
         check_range(f"{prefix}.timeout_s", self.timeout_s, 0, lo_open=True)
         check_choice(f"{prefix}.placement", self.placement, get_args(Placement))
+        check_choice(f"{prefix}.runtime", self.runtime, get_args(RuntimeKind))
+        if self.runtime == "local" and self.address is not None:
+            raise ConfigError(f"{prefix}.runtime = local runs in this process; "
+                              f"{prefix}.address = {self.address!r} joins a Ray cluster: "
+                              f"set {prefix}.runtime = ray")
