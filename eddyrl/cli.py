@@ -46,13 +46,24 @@ def cmd_config_show(ns: argparse.Namespace) -> int:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from .config import load_config
-    from .launch import train
+    from .launch import resolve_run_dir, train
     from .ui import TrainProgress, console
 
     path, overrides = _split_config_args(ns.args)
     config = load_config(path, overrides)
-    with TrainProgress(config.loop.steps) as progress:
-        summary_path = train(config, on_step=progress.update)
+    # resolved once, here: a stopped run's message says where to resume
+    config.run_dir = config.run_dir or str(resolve_run_dir(config))
+    finished: list[int] = []  # the steps logged so far
+
+    def on_step(metrics: dict) -> None:
+        finished.append(metrics["step"])
+        progress.update(metrics)
+
+    try:
+        with TrainProgress(config.loop.steps) as progress:
+            summary_path = train(config, on_step=on_step)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`stopping.py`): the run has shut down
+        return _stopped(config, max(finished, default=0))
     summary = json.loads(summary_path.read_text())
     if summary.get("resumed_from"):
         console.print(f"resumed from {summary['resumed_from']} (step {summary['resumed_step']}, "
@@ -62,6 +73,34 @@ def cmd_train(ns: argparse.Namespace) -> int:
                   f"({summary['steps']} steps)", highlight=False)
     print(summary_path)
     return 0
+
+
+def _stopped(config, step: int) -> int:
+    """One line for a run stopped by a signal: where, and how to go on; the exit status a
+    shell gives a process that signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+    import logging
+    from pathlib import Path
+
+    from . import stopping
+    from .checkpoints import step_of
+    from .resume import CHECKPOINTS
+
+    signum = stopping.stop_signal()
+    # tasks the stop cancelled report themselves destroyed as the interpreter exits: expected
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    root = Path(config.run_dir) / CHECKPOINTS
+    saved = sorted(s for s in map(step_of, root.iterdir()) if s is not None) \
+        if root.is_dir() else []
+    if saved:
+        how = (f"resume with resume=auto run_dir={config.run_dir} (its newest checkpoint is "
+               f"step {saved[-1]})")
+    else:
+        how = ("no checkpoint was written yet" + (" (checkpoint.every=0 writes one at the end "
+               "only)" if not config.checkpoint.every else "") + ", so resume=auto has nothing "
+               "to go on from; set checkpoint.every=N to make a run resumable")
+    where = f"at step {step}" if step else "before its first step"
+    print(f"eddy: stopped {where} ({signum.name}); {how}", file=sys.stderr)
+    return stopping.exit_status(signum)
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
@@ -200,6 +239,34 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _train_epilog() -> str:
+    """What `eddy train --help` shows after the arguments: the bundled configs and modes by
+    name (read from the package's configs/ folder, nothing imported), and examples."""
+    from pathlib import Path
+
+    root = Path(__file__).parent / "configs"
+
+    def names(folder: str) -> str:
+        return ", ".join(sorted(p.relative_to(root / folder).with_suffix("").as_posix()
+                                for p in (root / folder).rglob("*.yaml")))
+
+    tops = ", ".join(sorted(p.stem for p in root.glob("*.yaml")))
+    return f"""\
+bundled configs: {tops}; recipes/<name> ({names("recipes")})
+modes (bundled, each a file of settings: eddy train modes/<name>):
+  {names("modes")}
+
+examples:
+  eddy train loop.steps=20 rollout.num_workers=2 run_dir=runs/exp1
+  eddy train modes/replay checkpoint.every=10
+  eddy train run_dir=runs/exp1 resume=auto      go on from the run's last checkpoint
+
+every key and its value: eddy config show [CONFIG] [KEY=VALUE ...]
+  (a mode's settings: eddy config show modes/<name>)
+Ctrl-C or SIGTERM stops a run and says how to resume it (exit status 130 / 143).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
                                      "GPUs, Ascend NPUs and CPUs.")
@@ -210,8 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="RL training: [config.yaml | bundled name] "
                        "[key=value ...] (no argument: the bundled tiny model on the CPU; "
-                       "bundled names: tool_add_tiny, modes/replay, ...)")
-    p.add_argument("args", nargs="*")
+                       "bundled names: tool_add_tiny, modes/replay, ...)",
+                       usage="eddy train [-h] [CONFIG] [KEY=VALUE ...]",
+                       description="RL training as a config says; metrics, checkpoints and a "
+                       "summary go to run_dir.", epilog=_train_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("args", nargs="*", metavar="CONFIG KEY=VALUE",
+                   help="CONFIG: a YAML file, or the name of a bundled config (no CONFIG: the "
+                   "bundled tiny model on the CPU); then any config key as KEY=VALUE")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start of the tiny model on the arith task "
@@ -287,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EddyError as exc:
         print(f"eddy: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a command other than train (which says where it stopped)
+        print("eddy: stopped (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -25,3 +25,9 @@ class WorkerLost(EddyError, RuntimeError):
         super().__init__(f"rollout worker {worker} was lost during {what}"
                          + (f": {cause}" if cause else ""))
         self.worker = worker
+
+
+class RayLost(EddyError, RuntimeError):
+    """The local Ray's GCS or raylet died: no worker call can be trusted after it, so the run
+    ends with this one line (which process, and resume=auto), not with whichever call was in
+    flight."""

@@ -13,26 +13,42 @@ import shutil
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ..core.batching import split_for_ranks
-from ..errors import EddyError, WorkerCallError, WorkerLost
+from ..errors import ConfigError, EddyError, WorkerLost
 from ..hal import get_platform
+from ..stopping import sigterm_as_interrupt
 from .placement import role_platform_name
+from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
+from .ray_session import LocalRaySession
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
 
 if TYPE_CHECKING:
     from ..config import EddyConfig
 
 
-def start_ray(config: EddyConfig) -> None:
+_session: LocalRaySession | None = None  # the local Ray this process started, while it runs
+
+
+def start_ray(config: EddyConfig) -> LocalRaySession | None:
     """Local mode: every Ray server (GCS, raylet, object manager, workers' gRPC, agents, metrics)
     listens on loopback only, and Ray's token authentication stays on (its default for a local
-    `ray.init`; RAY_AUTH_MODE is left alone)."""
+    `ray.init`; RAY_AUTH_MODE is left alone) with a token of this session's own; its processes
+    are reaped when the driver stops or dies, and its GCS and raylet watched
+    (`ray_session.py`). Returns that session (None when joining a cluster)."""
+    global _session
     if config.cluster.address is None:
+        if os.environ.get("RAY_ADDRESS"):
+            # ray.init would join it, and refuse this call's local settings with a traceback
+            raise ConfigError(f"RAY_ADDRESS is set ({os.environ['RAY_ADDRESS']!r}) but "
+                              "cluster.address is not: a run without cluster.address starts "
+                              "its own Ray on this machine. To join that cluster set "
+                              "cluster.address=auto; to run locally, unset RAY_ADDRESS")
         # Ray 2.60 binds its servers to the node IP when that is loopback and to the wildcard
         # (or the machine's address) otherwise. `ray.init` replaces a loopback
         # `_node_ip_address` with the machine's routable address unless this variable is 0,
@@ -47,41 +63,80 @@ def start_ray(config: EddyConfig) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return _session
+    if _session is not None:  # shut down by someone else since: what is left of it goes
+        _session.close()
+        _session = None
     if config.cluster.address is None:
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False  # the same, where Ray was imported earlier
-        ray.init(num_cpus=config.cluster.num_cpus or os.cpu_count(), include_dashboard=False,
-                 _node_ip_address="127.0.0.1", logging_level="WARNING", log_to_driver=True,
-                 configure_logging=True)
+        session = LocalRaySession()
+        session.private_token()
+        try:
+            ray.init(num_cpus=config.cluster.num_cpus or os.cpu_count(),
+                     include_dashboard=False, _node_ip_address="127.0.0.1",
+                     logging_level="WARNING", log_to_driver=True, configure_logging=True)
+        except BaseException:
+            session.close()
+            raise
         node_ip = ray.util.get_node_ip_address()
         if node_ip != "127.0.0.1":  # fail closed: never leave Ray listening on the network
             ray.shutdown()
+            session.close()
             raise EddyError(f"local Ray started on {node_ip} instead of loopback (127.0.0.1); "
                             "its servers would accept connections from the network")
+        session.started()
+        _session = session
     else:
         ray.init(address=config.cluster.address, logging_level="WARNING")
+    sigterm_as_interrupt()  # after ray.init, which sets its own (a stack dump and an abort)
+    return _session
 
 
-class RayRuntime(WorkerReplacement):
+def stop_ray() -> None:
+    """Shut the local Ray down; then its session's leftovers are killed and its token removed
+    (not while Ray is still up: a test may keep one Ray for two runs)."""
+    global _session
+    import ray
+
+    ray.shutdown()
+    if not ray.is_initialized() and _session is not None:
+        _session.close()
+        _session = None
+
+
+class RayRuntime(RayCalls, WorkerReplacement):
     workers: list[Any]  # each rollout worker's actor handle
 
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
-        import ray
-
-        start_ray(config)
+        self.session = start_ray(config)  # None when joining a cluster: nothing watched
+        self._lost_future: asyncio.Future | None = None
         self.config = config
         self.timeout_s = config.cluster.timeout_s
+        # a worker's full traceback, where its one-line error points
+        self.error_log = Path(work_dir).resolve() / "worker_errors.log"
+        # File-based rendezvous: one machine's groups need no listening socket at all.
+        self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
+                                               dir=os.path.abspath(work_dir))
+        self.trainers: list[Any] = []
+        self.workers = []
+        self._group = None
+        try:
+            self._start(config, model_path)
+        except BaseException:  # a worker that failed to start: nothing of this start stays up
+            self.shutdown()
+            raise
+
+    def _start(self, config: EddyConfig, model_path: str) -> None:
+        import ray
+
         # Fractional CPUs: on a 2-core laptop all workers must fit at once (they take turns).
         cpus = min(1.0, (config.cluster.num_cpus or os.cpu_count() or 2) /
                    (config.rollout.num_workers + config.train.num_workers + 1))
         train_platform = role_platform_name(config, "train")
         rollout_platform = role_platform_name(config, "rollout")
         world = config.train.num_workers
-        # File-based rendezvous: one machine's groups need no listening socket at all.
-        self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
-                                               dir=os.path.abspath(work_dir))
         init_method = f"file://{self.rendezvous_dir}/trainer_group"
         # Colocated: rollout worker i and trainer rank i take turns on device i (half of it
         # each as far as Ray is concerned; really all of it, one role at a time).
@@ -105,7 +160,8 @@ class RayRuntime(WorkerReplacement):
         if self.colocated:
             # The trainers' state waits in host memory before the engines sharing their
             # devices start, so each engine sizes its KV cache on a free device.
-            ray.get([t.offload.remote() for t in self.trainers], timeout=self.timeout_s)
+            self._get_all([(f"trainer rank {r}", "offload (colocated start-up)",
+                            t.offload.remote()) for r, t in enumerate(self.trainers)])
         # the incarnation counts a rollout worker's replacements after losses
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
@@ -118,18 +174,7 @@ class RayRuntime(WorkerReplacement):
         self._channel_generation = 0
         self._connect_weight_channel()
 
-    # ---- calls with names and deadlines ----------------------------------------------------
-    async def _call(self, who: str, what: str, ref: Any) -> Any:
-        import ray
-
-        try:
-            return await asyncio.wait_for(ref, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise WorkerCallError(f"{who} did not finish {what} within {self.timeout_s:.0f} s "
-                                  "(cluster.timeout_s)") from None
-        except ray.exceptions.RayError as exc:
-            raise WorkerCallError(f"{who} failed during {what}: {exc}") from exc
-
+    # ---- calls with names and deadlines: `_call`, `_get_all` (ray_calls.py) ----------------
     async def _all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
         return await asyncio.gather(*(self._call(*c) for c in calls))
 
@@ -137,8 +182,6 @@ class RayRuntime(WorkerReplacement):
         """Open the weight channel between trainer rank 0 and every rollout worker. A worker
         found dead meanwhile is marked lost (its next call tells the rollout); a collective
         group cannot form without it, so there that is an error."""
-        import ray
-
         kind = self._weight_channel_kind()
         # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
         # process of its engine where the engine takes the broadcast itself (vLLM's workers).
@@ -147,11 +190,12 @@ class RayRuntime(WorkerReplacement):
         # a new file per connection: a replaced worker rebuilds the group for every member
         rendezvous = f"file://{self.rendezvous_dir}/weight_channel.{self._channel_generation}"
         self._channel_generation += 1
-        trainers = [t.connect_weight_channel.remote(kind, rendezvous, 0, world)
-                    for t in self.trainers]
+        trainers = [(f"trainer rank {r}", "weight channel set-up",
+                     t.connect_weight_channel.remote(kind, rendezvous, 0, world))
+                    for r, t in enumerate(self.trainers)]
         self._each_worker([w.connect_weight_channel.remote(kind, rendezvous, offset, world)
                            for w, offset in zip(self.workers, offsets)], kind, None)
-        ray.get(trainers, timeout=self.timeout_s)
+        self._get_all(trainers)
 
     def _weight_channel_kind(self) -> str:
         """As configured; colocated roles on one device cannot join one collective (a device
@@ -316,14 +360,15 @@ class RayRuntime(WorkerReplacement):
     def shutdown(self) -> None:
         import ray
 
-        for actor in self.trainers + self.workers:
+        lost = self.session is not None and self.session.lost() is not None
+        for actor in self.trainers + self.workers if not lost else ():  # gone with the raylet
             ray.kill(actor)
-        if self._group is not None:
+        if self._group is not None and not lost:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self._group)
         if self.config.cluster.address is None:
-            ray.shutdown()
+            stop_ray()
         shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
 
 

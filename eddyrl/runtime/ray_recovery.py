@@ -21,6 +21,12 @@ def actor_died(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, ray.exceptions.RayActorError)
 
 
+def failed_to_start(exc: BaseException) -> bool:
+    """Whether the actor's `__init__` raised (vLLM not installed, a bad engine setting): a new
+    process with the same settings fails the same way, so it is reported, not retried."""
+    return actor_died(exc) and bool(getattr(exc.__cause__, "actor_init_failed", False))
+
+
 class PublishedWeights:
     """Which weights a replacement may take, and when. From a train step until its weight sync
     the trainer's weights are ahead of the published version: an export for a replacement
@@ -71,6 +77,8 @@ class WorkerReplacement:
     _incarnations: list[int]
     _new_worker: Callable[[int, int], Any]
     _call: Callable[..., Any]  # RayRuntime's named call with a deadline
+    _reason: Callable[[str, str, BaseException], str]  # a failure's cause, in one line
+    _raise_if_ray_lost: Callable[..., None]  # RayLost when the GCS or raylet is gone
     _send_weights: Callable[..., Any]
     _connect_weight_channel: Callable[[], None]
 
@@ -83,7 +91,7 @@ class WorkerReplacement:
             return await self._call(f"rollout worker {worker}", what,
                                     call(self.workers[worker]))
         except WorkerCallError as exc:
-            if actor_died(exc):
+            if actor_died(exc) and not failed_to_start(exc):
                 raise WorkerLost(worker, what, str(exc.__cause__).splitlines()[0]) from exc
             raise
 
@@ -97,12 +105,27 @@ class WorkerReplacement:
         for index, ref in enumerate(refs):
             try:
                 results.append(ray.get(ref, timeout=self.timeout_s))
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as exc:
+                self._raise_if_ray_lost(exc)
+                if exc.actor_init_failed:  # it never started: no replacement would either
+                    raise WorkerCallError(f"rollout worker {index} failed during start-up: "
+                                          + self._reason(f"rollout worker {index}", "start-up",
+                                                         exc)) from exc
                 if kind == "collective":
                     raise WorkerCallError(f"rollout worker {index} died while the weight "
                                           "channel's collective group formed") from None
                 self._lost.add(index)
                 results.append(default)
+            except ray.exceptions.GetTimeoutError:
+                raise WorkerCallError(f"rollout worker {index} did not finish the weight "
+                                      f"channel's set-up within {self.timeout_s:.0f} s "
+                                      "(cluster.timeout_s)") from None
+            except ray.exceptions.RayError as exc:
+                self._raise_if_ray_lost(exc)
+                raise WorkerCallError(f"rollout worker {index} failed during the weight "
+                                      "channel's set-up: " + self._reason(
+                                          f"rollout worker {index}", "weight channel set-up",
+                                          exc)) from exc
         return results
 
     async def replace_worker(self, worker: int) -> int:
@@ -135,7 +158,7 @@ class WorkerReplacement:
             await self._call(f"rollout worker {worker} ({which})", "start-up",
                              self.workers[worker].stats.remote())
         except WorkerCallError as exc:
-            if actor_died(exc):
+            if actor_died(exc) and not failed_to_start(exc):  # died: another may live
                 return None
             raise
         async with self.weights.exporting() as version:

@@ -1,0 +1,117 @@
+"""`RayRuntime`'s calls to its workers, named (who, doing what) and with a deadline
+(`cluster.timeout_s`): a failure becomes one `WorkerCallError` line that starts with its cause
+(`ray_errors.py`; the traceback goes to the run's worker_errors.log), and a lost GCS or raylet
+becomes `RayLost`, whatever call was in flight. A mixin of `RayRuntime`, which sets `session`
+(its `LocalRaySession`, None when joining a cluster), `timeout_s` and `error_log`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Awaitable
+
+from ..errors import RayLost, WorkerCallError
+from .ray_errors import cause_line, plain
+from .ray_session import LocalRaySession
+
+
+class RayCalls:
+    session: LocalRaySession | None
+    timeout_s: float
+    error_log: Path
+    _lost_future: asyncio.Future | None
+
+    async def _call(self, who: str, what: str, ref: Any) -> Any:
+        import ray
+
+        try:
+            return await self._awaited(ref)
+        except asyncio.TimeoutError:
+            raise WorkerCallError(f"{who} did not finish {what} within {self.timeout_s:.0f} s "
+                                  "(cluster.timeout_s)") from None
+        except ray.exceptions.RayError as exc:
+            self._raise_if_ray_lost(exc)
+            raise WorkerCallError(f"{who} failed during {what}: {self._reason(who, what, exc)}"
+                                  ) from exc
+
+    def _get_all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
+        """`_call` for the few calls made outside the event loop (start-up, the channel)."""
+        import ray
+
+        results = []
+        for who, what, ref in calls:
+            try:
+                results.append(ray.get(ref, timeout=self.timeout_s))
+            except ray.exceptions.GetTimeoutError:
+                raise WorkerCallError(f"{who} did not finish {what} within "
+                                      f"{self.timeout_s:.0f} s (cluster.timeout_s)") from None
+            except ray.exceptions.RayError as exc:
+                self._raise_if_ray_lost(exc)
+                raise WorkerCallError(f"{who} failed during {what}: "
+                                      f"{self._reason(who, what, exc)}") from exc
+        return results
+
+    def _reason(self, who: str, what: str, exc: BaseException) -> str:
+        """A worker's failure in one line, its cause first; a traceback goes to worker_errors.log
+        in the run directory, and the line says so."""
+        line, text = cause_line(exc), plain(str(exc)).strip()
+        if "\n" not in text:
+            return line
+        try:
+            with open(self.error_log, "a", encoding="utf-8") as log:
+                log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {who} failed during "
+                          f"{what}\n{text}\n")
+        except OSError:  # a full disk, say: the line alone
+            return line
+        return f"{line} (traceback: {self.error_log})"
+
+    # ---- Ray itself lost -------------------------------------------------------------------
+    def _raise_if_ray_lost(self, exc: BaseException | None = None) -> None:
+        """A worker call failed: if Ray's GCS or raylet is gone, that is what to report."""
+        why = self.session.lost() if self.session is not None else None
+        if why is not None:
+            raise RayLost(why) from exc
+
+    def _ray_lost(self) -> asyncio.Future | None:
+        """A future of the running loop that gets the reason when the GCS or raylet dies (the
+        session's watch tells it); None when joining a cluster (not watched)."""
+        if self.session is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._lost_future is None or self._lost_future.get_loop() is not loop:
+            future = self._lost_future = loop.create_future()
+
+            def resolve(why: str) -> None:  # from the watch's thread
+                try:
+                    loop.call_soon_threadsafe(
+                        lambda: None if future.done() else future.set_result(why))
+                except RuntimeError:  # that loop is closed: its run is over
+                    pass
+
+            self.session.on_lost(resolve)
+        return self._lost_future
+
+    async def _awaited(self, call: Awaitable[Any]) -> Any:
+        """`await call` within cluster.timeout_s (else TimeoutError), unless the GCS or raylet
+        dies first: then RayLost, whatever the call was (a lost GCS fails no actor call for a
+        minute; then Ray ends the driver without a word)."""
+        lost = self._ray_lost()
+        if lost is None:
+            return await asyncio.wait_for(call, self.timeout_s)
+        if lost.done():
+            if asyncio.iscoroutine(call):
+                call.close()  # never started: not an "never awaited" warning at exit
+            raise RayLost(lost.result())
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait((task, lost), timeout=self.timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+        if lost.done():
+            raise RayLost(lost.result())
+        if task not in done:
+            raise asyncio.TimeoutError
+        return task.result()
