@@ -113,7 +113,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     path, overrides = _split_config_args(ns.args)
     config = load_config(path, overrides)
     with tempfile.TemporaryDirectory() as data_dir:
-        result = evaluate_checkpoint(config, ns.checkpoint, Path(data_dir))
+        result = evaluate_checkpoint(config, ns.checkpoint, Path(data_dir),
+                                     verify=not ns.no_verify)
     print(json.dumps(result, indent=2, sort_keys=True))
     return 0
 
@@ -311,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "[config.yaml | bundled name] [key=value ...]")
     p.add_argument("checkpoint")
     p.add_argument("args", nargs="*")
+    p.add_argument("--no-verify", action="store_true",
+                   help="score a run checkpoint without checking it against its manifest")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("report", help="PNG plots of a run into <run_dir>/report/: reward and "

@@ -27,3 +27,24 @@ def test_eval_of_a_bad_checkpoint_is_named(path, message, capsys):
     assert main(["eval", path, "platform=cpu"]) == 2
     err = capsys.readouterr().err
     assert f"checkpoint '{path}'" in err and message in err
+
+
+def test_eval_refuses_a_corrupt_run_checkpoint_unless_told_not_to_verify(tiny_model_dir,
+                                                                         tmp_path, capsys):
+    """`eddy eval` scored a checkpoint that failed its manifest without a word (issue 19)."""
+    import asyncio
+    import shutil
+
+    from eddyrl import checkpoints
+
+    async def fill(tmp):
+        shutil.copytree(tiny_model_dir, tmp)
+    path = asyncio.run(checkpoints.write(tmp_path, 3, fill))
+    config = path / "config.json"
+    text = config.read_text()
+    config.write_text(text[:-1] + (" " if text[-1] != " " else "\n"))  # same size, still a
+    # valid config: only the hash tells
+    assert main(["eval", str(path), "data.eval_size=4", "platform=cpu"]) == 2
+    assert "config.json does not match its sha256" in capsys.readouterr().err
+    assert main(["eval", str(path), "data.eval_size=4", "platform=cpu", "--no-verify"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_prompts"] == 4
