@@ -1,6 +1,7 @@
-"""The reaper of one local Ray session: `python ray_reaper.py LOGS KIND=PID...`, started by the
-driver right after `ray.init` with Ray's log directory and the processes Ray started (GCS,
-raylet, monitors), its stdin the read end of a pipe that only the driver holds.
+"""The reaper of one local Ray session: `python ray_reaper.py LOGS TOKEN_DIR KIND=PID...`,
+started by the driver right after `ray.init` with Ray's log directory, the session's token
+directory ("-": none) and the processes Ray started (GCS, raylet, monitors), its stdin the read
+end of a pipe that only the driver holds.
 
 Ray starts its GCS and raylet with a parent-death signal, so they die with the driver; what the
 raylet starts does not. Its dashboard and runtime-env agents notice the raylet gone, then spend
@@ -9,6 +10,7 @@ linger too. So this process follows the session's process tree (those PIDs and e
 them, read from /proc) while the driver lives, and when its stdin reads EOF (the driver closed
 it after `ray.shutdown`, or died) it kills, by PID, every process of that tree still alive. A
 PID counts as the same process only with the same start time: a reused PID is never hit.
+Then it removes the token directory, which a dead driver cannot.
 Nothing outside the tree is touched. Ctrl-C and a terminal's hang-up are the driver's to
 handle: the driver starts this in a session of its own, and it ignores SIGINT.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 
@@ -107,8 +110,8 @@ def reap(tracked: dict[int, int]) -> list[int]:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    driver, logs = os.getppid(), argv[0]
-    roots = {int(pid): kind for kind, pid in (arg.split("=", 1) for arg in argv[1:])}
+    driver, logs, token_dir = os.getppid(), argv[0], argv[1]
+    roots = {int(pid): kind for kind, pid in (arg.split("=", 1) for arg in argv[2:])}
     table = processes()
     tracked = {pid: table[pid][1] for pid in roots if pid in table}
     said, clean, pending = None, False, b""
@@ -124,6 +127,8 @@ def main(argv: list[str]) -> int:
                 said = line[5:].decode() if line.startswith(b"lost ") else said
         follow(tracked, processes())
     reap(tracked)
+    if os.path.basename(token_dir).startswith("eddy-ray-token-"):  # never anything else
+        shutil.rmtree(token_dir, ignore_errors=True)
     if not clean:  # the driver died: did it lose Ray first?
         kind = None if said else ended_by_ray(logs, driver)
         pid = next((p for p, k in roots.items() if k == kind), None)

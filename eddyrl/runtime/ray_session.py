@@ -76,7 +76,7 @@ class LocalRaySession:
             # and needs nothing of this process
             self._reaper = subprocess.Popen(
                 [sys.executable, "-I", str(Path(__file__).with_name("ray_reaper.py")),
-                 self._node.get_logs_dir_path(), *roots],
+                 self._node.get_logs_dir_path(), str(self.token_dir or "-"), *roots],
                 stdin=read, stdout=subprocess.DEVNULL, start_new_session=True)
             os.close(read)
         threading.Thread(target=self._watch, name="eddy-ray-watch", daemon=True).start()

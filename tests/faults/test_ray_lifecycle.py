@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 
+import psutil
 import pytest
 
 from . import eddy_process as run
@@ -38,10 +39,13 @@ def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
         names = {name for _, name in processes.values()}
         assert {"gcs_server", "raylet"} <= names, names
         assert any(name.startswith("ray::") for name in names), names  # agents, workers
+        (gcs,) = [pid for pid, (_, name) in processes.items() if name == "gcs_server"]
+        token = psutil.Process(gcs).environ()["RAY_AUTH_TOKEN_PATH"]
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=run.END_S)
         left = run.wait_gone(processes, GONE_S)
         assert not left, f"still running {GONE_S} s after the driver was killed: {left}"
+        assert not os.path.exists(token)  # the run's token goes with it
     finally:
         driver.kill()
         run.kill_all(processes)
@@ -88,8 +92,10 @@ _DRIVER = textwrap.dedent("""
             log.write("connection.cc:216: The connection to the plasma store is failed. "
                       "Terminate the process. Status: IOError: Broken pipe")
     read, write = os.pipe()
-    subprocess.Popen([sys.executable, "-I", reaper, logs, f"raylet={raylet.pid}"], stdin=read,
-                     start_new_session=True)
+    token = os.path.join(logs, "eddy-ray-token-x")
+    os.mkdir(token)
+    subprocess.Popen([sys.executable, "-I", reaper, logs, token, f"raylet={raylet.pid}"],
+                     stdin=read, start_new_session=True)
     os.close(read)
     print(raylet.pid, flush=True)
     time.sleep(1.5)  # the reaper reads the tree
@@ -102,9 +108,8 @@ _DRIVER = textwrap.dedent("""
 @pytest.mark.parametrize("how, says", [("plasma", True), ("bye", False), ("killed", False)])
 def test_the_reaper_kills_the_tree_and_names_a_lost_raylet(tmp_path, how, says):
     """The reaper without Ray: a driver with one child (the "raylet") dies; the child is killed,
-    and the line is printed only where the driver's Ray log says Ray ended it for that loss."""
-    import psutil
-
+    the token directory removed, and the line printed only where the driver's Ray log says Ray
+    ended it for that loss."""
     from eddyrl.runtime import ray_reaper
 
     out = subprocess.run([sys.executable, "-c", _DRIVER, ray_reaper.__file__, str(tmp_path),
@@ -112,6 +117,7 @@ def test_the_reaper_kills_the_tree_and_names_a_lost_raylet(tmp_path, how, says):
     raylet = int(out.stdout.split()[0])  # the reaper has ended: stderr closed, so it is done
     assert not psutil.pid_exists(raylet) or \
         psutil.Process(raylet).status() == psutil.STATUS_ZOMBIE
+    assert not (tmp_path / "eddy-ray-token-x").exists()
     lines = [line for line in out.stderr.splitlines() if line.startswith("eddy: ")]
     if says:
         assert len(lines) == 1, out.stderr
