@@ -420,6 +420,7 @@ class SimInferenceEngine(InferenceEngine):
         (preempted, back from a tool) asks for it, others for their request's version."""
         version = seq.hosted if seq.hosted is not None else seq.request.version
         return self._gate.admit(version, waited=seq.waited,
+                                resumed=bool(seq.request.resume_ids),
                                 who=f"request {seq.request.request_id}")
 
     def _apply_staged(self) -> None:

@@ -49,7 +49,8 @@ class ScriptedEngine:
     async def generate(self, requests):
         if not await wait_for_admission(self.gate, requests[0].version,
                                         f"request {requests[0].request_id}",
-                                        apply_staged=self.gate.apply, drained=self._drained):
+                                        apply_staged=self.gate.apply, drained=self._drained,
+                                        resumed=any(r.resume_ids for r in requests)):
             for r in requests:
                 yield GenerationResult(r.request_id, list(r.prompt_ids), list(r.resume_ids),
                                        list(r.resume_logprobs), list(r.resume_versions),

@@ -231,3 +231,20 @@ def test_a_waiting_request_starts_on_the_staged_weights_once_the_engine_drains()
         assert await later is True and gate.hosted == 2
 
     asyncio.run(scenario())
+
+
+def test_a_resumed_request_that_waited_is_refused_when_its_version_was_superseded():
+    """A fresh request that waited for version 5 may start on 6 staged meanwhile (the rollout
+    relabels it); a resumed one carries version-5 tokens, and 6 continuing them would mix two
+    versions in one trajectory (C1): it is refused and regenerated. Found as {5, 6} in one
+    trained row of tests/core/test_controller.py's multiversion test on real engines."""
+    gate = _busy(4)
+    gate.stage(5)
+    assert gate.admit(5, resumed=True) is WAIT and gate.admit(5) is WAIT
+    gate.stage(6)  # superseded while they wait
+    gate.finished(1)
+    gate.apply()
+    assert gate.hosted == 6
+    assert gate.admit(5, waited=True) is JOIN  # fresh: the newest weights
+    assert gate.admit(5, waited=True, resumed=True) is REFUSE
+    assert gate.admit(6, resumed=True) is JOIN  # its own version: as ever

@@ -131,7 +131,8 @@ class HFInferenceEngine(InferenceEngine):
         version is gone (C1 forbids running the requests on others)."""
         return await wait_for_admission(
             self._gate, call_version(r.version for r in chunk), f"request {chunk[0].request_id}",
-            apply_staged=self._apply_staged, drained=self._drained)
+            apply_staged=self._apply_staged, drained=self._drained,
+            resumed=any(r.resume_ids for r in chunk))
 
     def _prefill(self, rows: list[_Row]) -> dict:
         """Left-pad prompt (+ resumed tokens) and run the first forward pass."""

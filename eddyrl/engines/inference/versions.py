@@ -22,8 +22,10 @@ The contract (the worker side of DORA's assignment, `core/version_assignment.py`
     by the time it starts, which may be newer than the version it asked for (the assignment's
     `published` relabels such requests). A version newer than anything staged is an error;
   - an older one: REFUSE (finish reason "refused"): those weights are gone, the caller
-    regenerates the request elsewhere. Not a request that waited here (`waited=True`) and
-    whose staged weights were superseded while it waited: it JOINs the newest;
+    regenerates the request elsewhere. Not a fresh request that waited here (`waited=True`)
+    and whose staged weights were superseded while it waited: it JOINs the newest. A resumed
+    one (`resumed=True`: it carries tokens of its version) is refused then too: newer weights
+    continuing its tokens would mix versions in one trajectory (C1);
   - None: the newest weights the engine has: JOIN when nothing is staged, else it asks for
     the staged ones (WAIT, as a request for the staged version).
 - The token policy (`TokenPolicy`), chosen by `partial_rollout`:
@@ -170,17 +172,19 @@ class VersionGate:
         return self._hosted
 
     # ---- requests -----------------------------------------------------------------------
-    def admit(self, version: int | None, *, waited: bool = False,
+    def admit(self, version: int | None, *, waited: bool = False, resumed: bool = False,
               who: str = "a request") -> Admission:
         """What a request asking for `version` does now (`waited`: it was told to WAIT before,
-        so it takes the newest weights even past its version). `who` names it in errors."""
+        so it takes the newest weights even past its version; not when `resumed`: it carries
+        tokens of `version`, which newer weights must not continue, C1). `who` names it in
+        errors."""
         need = self.policy.need(version)
         if need is None:
             return Admission.JOIN if self._staged is None else Admission.WAIT
         if need == self._hosted:
             return Admission.JOIN
         if need < self._hosted:
-            return Admission.JOIN if waited else Admission.REFUSE
+            return Admission.JOIN if waited and not resumed else Admission.REFUSE
         if self._staged is None or self._staged < need:
             raise ValueError(f"{who} needs version {need}; this engine hosts {self._hosted} "
                              f"and has {'nothing' if self._staged is None else self._staged} "
@@ -214,7 +218,8 @@ class VersionGate:
 async def wait_for_admission(gate: VersionGate, version: int | None, who: str, *,
                              apply_staged: Callable[[], Awaitable[None] | None],
                              drained: asyncio.Event,
-                             not_switching: asyncio.Event | None = None) -> bool:
+                             not_switching: asyncio.Event | None = None,
+                             resumed: bool = False) -> bool:
     """The engines' side of `admit`'s WAIT, written once: ask, and while the answer is WAIT,
     either apply the staged weights (`can_switch`) or wait for the running requests to drain
     (`drained`), then ask again with `waited=True`. True: JOIN; False: REFUSE. Returns with no
@@ -224,7 +229,7 @@ async def wait_for_admission(gate: VersionGate, version: int | None, who: str, *
     while True:
         if not_switching is not None:
             await not_switching.wait()
-        admission = gate.admit(version, waited=waited, who=who)
+        admission = gate.admit(version, waited=waited, resumed=resumed, who=who)
         if admission is not Admission.WAIT:
             return admission is Admission.JOIN
         if gate.can_switch():

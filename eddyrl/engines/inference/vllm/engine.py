@@ -173,7 +173,8 @@ class VLLMInferenceEngine(InferenceEngine):
         return await wait_for_admission(  # never while weights are being switched
             self._gate, call_version(r.version for r in requests),
             f"request {requests[0].request_id}", apply_staged=self._apply_staged,
-            drained=self._drained, not_switching=self._switched)
+            drained=self._drained, not_switching=self._switched,
+            resumed=any(r.resume_ids for r in requests))
 
     async def _run(self, request: GenerationRequest, emit) -> None:
         trajectory = Trajectory(request, stops=watcher(request.sampling.stop_strings,
