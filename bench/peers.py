@@ -4,8 +4,10 @@ back to back in one invocation, quiet and then with busy loops beside each side.
     python bench/peers.py [--steps 100] [--hogs 2] [--only eddy|trl] [--eval-every 20]
                           [--target 0.6] [--out /tmp/eddy-peers] [--venvs ~/.cache/eddy-bench]
 
-Run it from Eddy's venv (`. .venv/bin/activate`): that is Eddy's own venv, and `eddy train` runs
-from it unchanged. TRL gets a venv of its own, made here on first use and reused after
+The defaults (100 steps, quiet then 2 hogs, both sides) took 15 minutes on the 2-core dev machine,
+plus about 1.5 minutes the first time to make the TRL venv. Run it from Eddy's venv
+(`. .venv/bin/activate`): that is Eddy's own venv, and `eddy train` runs from it unchanged.
+TRL gets a venv of its own, made here on first use and reused after
 (`--venvs`, keyed by the versions it pins): `python -m venv`, then torch (the CPU build Eddy's venv
 has; a bare `pip install torch` would pull CUDA), then trl==1.16.0 with transformers at Eddy's
 version (the same model code on both sides) and pinned accelerate / datasets. Nothing is added to
@@ -52,6 +54,9 @@ How time is counted (eval time excluded on both sides):
 - start-up: process start to the first training step. Eddy always evaluates its start model
   before step 1 (step-0 eval), which is subtracted (its duration estimated as the median of its
   later inline evals, shown); TRL's step-0 model save (ours) is subtracted;
+- CPU: every 0.5 s the machine's busy CPU time (/proc/stat) is split into the run's processes,
+  the hogs, this script (its sampler) and everything else (mean cores each over the run's
+  life): the machine may be shared, and "other" says how quiet a quiet run was;
 - peak memory: every 0.5 s the resident set (VmRSS) and proportional set (Pss, shared pages
   split) of every process of the run, summed: the process started, all of its descendants and
   anything in its session (Eddy's Ray processes are descendants of the driver); the peak of the
@@ -313,8 +318,12 @@ def equivalence(task, config, work: Path, trl_python: Path, steps: int) -> dict:
     return result
 
 
-# ---- process-tree memory -----------------------------------------------------------------------
-def _proc_table() -> dict[int, tuple[int, int, str]]:
+# ---- process-tree memory and CPU --------------------------------------------------------------
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, int, str, int]]:
+    """pid -> (ppid, session, name, CPU jiffies so far: utime + stime)."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -325,8 +334,15 @@ def _proc_table() -> dict[int, tuple[int, int, str]]:
             continue
         close = text.rfind(")")
         fields = text[close + 2:].split()
-        table[int(entry)] = (int(fields[1]), int(fields[3]), text[text.find("(") + 1:close])
+        table[int(entry)] = (int(fields[1]), int(fields[3]), text[text.find("(") + 1:close],
+                             int(fields[11]) + int(fields[12]))
     return table
+
+
+def _busy_jiffies() -> int:
+    """The machine's CPU time in use so far, all cores (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]) - fields[3] - fields[4]
 
 
 def _rss_pss(pid: int) -> tuple[int, int]:
@@ -342,11 +358,11 @@ def _rss_pss(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def run_members(root: int) -> dict[int, str]:
+def run_members(root: int, table: dict | None = None) -> dict[int, str]:
     """The run's processes: `root`, its descendants, and anything in its session."""
-    table = _proc_table()
+    table = _proc_table() if table is None else table
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
+    for pid, (ppid, _, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     members, todo = set(), [root]
     while todo:
@@ -355,14 +371,23 @@ def run_members(root: int) -> dict[int, str]:
             continue
         members.add(pid)
         todo.extend(children.get(pid, ()))
-    members |= {pid for pid, (_, sid, _) in table.items() if sid == root}
+    members |= {pid for pid, (_, sid, _, _) in table.items() if sid == root}
     return {pid: table[pid][2] for pid in members if pid in table}
 
 
 class TreeSampler(threading.Thread):
-    def __init__(self, root: int, interval: float = 0.5, watch: Path | None = None) -> None:
+    """Every `interval`: the run's processes, their summed RSS / PSS (peaks kept), and where
+    the machine's CPU time went since the last sample: to the run, to the hogs, or to anything
+    else (another user's work: what makes a "quiet" run not quiet)."""
+
+    def __init__(self, root: int, interval: float = 0.5, watch: Path | None = None,
+                 hogs: tuple[int, ...] = ()) -> None:
         super().__init__(daemon=True)
-        self.root, self.interval, self.watch = root, interval, watch
+        self.root, self.interval, self.watch, self.hogs = root, interval, watch, set(hogs)
+        self.cpu = {"run": 0, "hogs": 0, "other": 0, "peers.py": 0}  # jiffies
+        self.cpu_seconds = 0.0  # the wall time those jiffies were counted over
+        self._last: tuple[float, int, dict[int, int]] | None = None
+        self.counting = True
         self.stop = threading.Event()
         self.peak_rss = self.peak_pss = self.peak_procs = 0
         self.names: set[str] = set()
@@ -380,7 +405,10 @@ class TreeSampler(threading.Thread):
                 except OSError:
                     pass
             if now >= next_sample:
-                members = run_members(self.root)
+                table = _proc_table()
+                members = run_members(self.root, table)
+                if self.counting:
+                    self._count_cpu(now, table, members)
                 sizes = [_rss_pss(pid) for pid in members]
                 self.peak_rss = max(self.peak_rss, sum(r for r, _ in sizes))
                 self.peak_pss = max(self.peak_pss, sum(p for _, p in sizes))
@@ -390,6 +418,26 @@ class TreeSampler(threading.Thread):
                 next_sample = now + self.interval
             self.stop.wait(0.05 if self.watch is not None and self.first_line_at is None
                            else self.interval)
+
+    def _count_cpu(self, now: float, table: dict, members: dict) -> None:
+        busy = _busy_jiffies()
+        jiffies = {pid: row[3] for pid, row in table.items()}
+        if self._last is not None:
+            then, busy_then, before = self._last
+            own = {key: sum(jiffies[pid] - before[pid] for pid in pids
+                            if pid in jiffies and pid in before)
+                   for key, pids in (("run", members), ("hogs", self.hogs),
+                                     ("peers.py", (os.getpid(),)))}
+            for key, value in own.items():
+                self.cpu[key] += value
+            self.cpu["other"] += max(0, busy - busy_then - sum(own.values()))
+            self.cpu_seconds += now - then
+        self._last = (now, busy, jiffies)
+
+    def cores(self) -> dict[str, float]:
+        """Mean cores busy with each, over the run."""
+        span = max(self.cpu_seconds, 1e-9) * HZ
+        return {key: value / span for key, value in self.cpu.items()}
 
 
 # ---- hogs ----------------------------------------------------------------------------------------
@@ -425,14 +473,14 @@ def trl_env() -> dict:
 
 
 def launch(cmd: list[str], log_path: Path, env: dict, watch: Path | None,
-           timeout_s: float) -> dict:
+           timeout_s: float, hogs: tuple[int, ...] = ()) -> dict:
     """Run `cmd` in a session of its own, sampling its process tree; returns timings and peaks."""
     with open(log_path, "w") as out:
         launched = time.time()
         env = {**env, "PEERS_LAUNCH_TIME": repr(launched)}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=ROOT)
-        sampler = TreeSampler(proc.pid, watch=watch)
+        sampler = TreeSampler(proc.pid, watch=watch, hogs=hogs)
         sampler.start()
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -440,6 +488,7 @@ def launch(cmd: list[str], log_path: Path, env: dict, watch: Path | None,
             proc.send_signal(signal.SIGINT)
             rc = proc.wait(timeout=60)
         exited = time.time()
+        sampler.counting = False  # CPU shares: over the run's life only
         # Whatever of its session outlives it (a Ray process still shutting down) still counts.
         deadline = time.time() + 30
         while (left := run_members(proc.pid)) and time.time() < deadline:
@@ -458,10 +507,12 @@ def launch(cmd: list[str], log_path: Path, env: dict, watch: Path | None,
     return {"launched": launched, "exited": exited, "rc": rc, "peak_rss": sampler.peak_rss,
             "peak_pss": sampler.peak_pss, "peak_procs": sampler.peak_procs,
             "process_names": sorted(sampler.names), "first_line_at": sampler.first_line_at,
+            "cpu_cores": sampler.cores(),
             "samples": sampler.samples}
 
 
-def run_eddy(run_dir: Path, steps: int, eval_every: int, timeout_s: float) -> dict:
+def run_eddy(run_dir: Path, steps: int, eval_every: int, timeout_s: float,
+             hogs: tuple[int, ...] = ()) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     eddy = Path(sys.executable).with_name("eddy")
     cmd = [str(eddy), "train", f"run_dir={run_dir}", f"loop.steps={steps}"]
@@ -470,20 +521,20 @@ def run_eddy(run_dir: Path, steps: int, eval_every: int, timeout_s: float) -> di
     log(f"eddy: {' '.join(cmd)}")
     run_dir.mkdir(parents=True)
     proc = launch(cmd, run_dir.parent / f"{run_dir.name}.log", dict(os.environ),
-                  run_dir / "metrics.jsonl", timeout_s)
+                  run_dir / "metrics.jsonl", timeout_s, hogs)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"cmd": cmd, "proc": proc, "metrics": lines, "run_dir": str(run_dir)}
 
 
 def run_trl(trl_python: Path, work: Path, out: Path, steps: int, eval_every: int,
-            timeout_s: float) -> dict:
+            timeout_s: float, hogs: tuple[int, ...] = ()) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [str(trl_python), str(ROOT / "bench" / "peers_trl.py"), "train", "--task",
            str(work / "task.json"), "--steps", str(steps), "--eval-every", str(eval_every),
            "--out", str(out)]
     log(f"trl: {' '.join(cmd)}")
-    proc = launch(cmd, out.parent / f"{out.name}.log", trl_env(), None, timeout_s)
+    proc = launch(cmd, out.parent / f"{out.name}.log", trl_env(), None, timeout_s, hogs)
     record = json.loads((out / "trl_record.json").read_text())
     return {"cmd": cmd, "proc": proc, "record": record, "out": str(out)}
 
@@ -537,7 +588,8 @@ def eddy_measures(run: dict, target: float, n_samples: int) -> dict:
             "time_to_target_s": reach, "target_step": reach_step,
             "startup_s": startup - eval0, "startup_raw_s": startup, "step0_eval_est_s": eval0,
             "eval_s_inline": durations, "peak_rss": proc["peak_rss"], "peak_pss": proc["peak_pss"],
-            "peak_procs": proc["peak_procs"], "run_wall_s": proc["exited"] - proc["launched"]}
+            "peak_procs": proc["peak_procs"], "run_wall_s": proc["exited"] - proc["launched"],
+            "cpu_cores": proc["cpu_cores"]}
 
 
 def trl_measures(run: dict, accuracy: dict[int, float], target: float,
@@ -573,7 +625,7 @@ def trl_measures(run: dict, accuracy: dict[int, float], target: float,
                                 - saves.get(0, 0.0)},
             "save_s": list(saves.values()), "peak_rss": proc["peak_rss"],
             "peak_pss": proc["peak_pss"], "peak_procs": proc["peak_procs"],
-            "run_wall_s": proc["exited"] - proc["launched"]}
+            "run_wall_s": proc["exited"] - proc["launched"], "cpu_cores": proc["cpu_cores"]}
 
 
 def evaluate_dirs(config, paths: dict[int, str], work: Path) -> dict[int, float]:
@@ -617,6 +669,9 @@ def table(columns: list[tuple[str, dict]], target: float) -> str:
         ("start-up: process start to first training step (s)",
          lambda m: fmt(m["startup_s"], ".1f")),
         ("whole run: process start to exit (s)", lambda m: fmt(m["run_wall_s"], ".0f")),
+        ("CPU during the run, mean cores: this run / hogs / other processes / peers.py",
+         lambda m: "-" if "cpu_cores" not in m else
+         " / ".join(f"{m['cpu_cores'][k]:.2f}" for k in ("run", "hogs", "other", "peers.py"))),
     ]
     head = "| | " + " | ".join(name for name, _ in columns) + " |"
     lines = [head, "|---" * (len(columns) + 1) + "|"]
@@ -707,18 +762,21 @@ def main() -> int:
     if len(sides) == 2:
         results["equivalence"] = equivalence(task, config, work, trl_python, args.steps)
         results["info"]["trl"] = results["equivalence"]["trl_versions"]
-    passes = [("quiet", 0)] + ([(f"{args.hogs} hogs", args.hogs)] if args.hogs else [])
+    passes = [("quiet", 0)] + ([(f"{args.hogs} hog{'s' * (args.hogs != 1)}", args.hogs)]
+                                 if args.hogs else [])
     raw = {}
     for label, hogs in passes:
         for side in sides:
             tag = f"{side}_{'quiet' if hogs == 0 else f'hogs{hogs}'}"
-            with Hogs(hogs):
+            with Hogs(hogs) as hog:
                 load = os.getloadavg()
+                pids = tuple(p.pid for p in hog.procs)
                 if side == "eddy":
-                    raw[tag] = run_eddy(out / tag, args.steps, args.eval_every, args.timeout)
+                    raw[tag] = run_eddy(out / tag, args.steps, args.eval_every, args.timeout,
+                                        pids)
                 else:
                     raw[tag] = run_trl(trl_python, work, out / tag, args.steps,
-                                       args.eval_every, args.timeout)
+                                       args.eval_every, args.timeout, pids)
             raw[tag]["label"], raw[tag]["hogs"], raw[tag]["loadavg_before"] = label, hogs, load
             log(f"{tag}: done in {raw[tag]['proc']['exited'] - raw[tag]['proc']['launched']:.0f} s")
 
