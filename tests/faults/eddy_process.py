@@ -24,11 +24,18 @@ START_S = 600  # Ray and the workers start, step 1 trains: minutes on a loaded 2
 END_S = 180  # the run ends after the fault (a stop, an error): well past what it takes
 
 
+# `eddy` as `python -m eddyrl.cli` runs it, taking Ctrl-C as a terminal gives it: a test run
+# started in the background by a non-interactive shell ignores SIGINT, and so would its children
+# (found so: every SIGINT test failed in such a run, and passed in the foreground).
+_CLI = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from eddyrl.cli import main\nsys.exit(main(sys.argv[1:]))")
+
+
 def start(model_dir: str, run_dir: Path, *overrides: str, env: dict | None = None
           ) -> subprocess.Popen:
     python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen(
-        [sys.executable, "-m", "eddyrl.cli", "train", f"model.path={model_dir}",
+        [sys.executable, "-c", _CLI, "train", f"model.path={model_dir}",
          f"run_dir={run_dir}", *RUN, *overrides],
         stdout=open(run_dir.parent / f"{run_dir.name}.out", "w"),
         stderr=open(run_dir.parent / f"{run_dir.name}.err", "w"),

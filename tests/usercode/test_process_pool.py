@@ -219,8 +219,11 @@ def test_a_reward_worker_that_dies_or_hangs_scores_zero_and_the_run_goes_on(answ
 
 # --------------------------------------------------------------------------------- Ctrl-C
 
+# The child takes Ctrl-C as a terminal gives it, whatever the test process inherited: a test run
+# started in the background by a non-interactive shell ignores SIGINT, and so would the child.
 _RUN = textwrap.dedent("""
-    import asyncio, sys, time
+    import asyncio, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from eddyrl.usercode import make_pool
 
     async def main():
