@@ -19,6 +19,8 @@ from eddyrl.envs.python_tool import (PythonEnv, PythonSandbox, SandboxLimits,
 from eddyrl.envs.sandbox import runner
 from eddyrl.errors import ConfigError
 
+from .sandbox_processes import alive, sandbox_processes
+
 # A wall limit far above any run's time: on a loaded machine starting an interpreter alone can
 # take seconds, and only the tests of the wall limit itself may depend on it.
 FAST = SandboxLimits(wall_s=60.0, cpu_s=5, memory_bytes=256 << 20, file_bytes=4096,
@@ -196,7 +198,7 @@ def test_cancelled_run_leaves_no_process(isolation):
         sandbox = PythonSandbox(SandboxLimits(wall_s=60.0), isolation=isolation)
         task = asyncio.ensure_future(sandbox.run("while True:\n    pass"))
         deadline = time.monotonic() + 30.0
-        while len(processes := _sandbox_processes()) < (3 if await sandbox.mode() ==
+        while len(processes := sandbox_processes()) < (3 if await sandbox.mode() ==
                                                         "namespaces" else 1):
             assert time.monotonic() < deadline and not task.done(), processes
             await asyncio.sleep(0.02)
@@ -207,35 +209,12 @@ def test_cancelled_run_leaves_no_process(isolation):
 
     processes = asyncio.run(scenario())
     deadline = time.monotonic() + 30.0  # the init and the code die with the process group
-    while alive := [pid for pid in processes if _alive(pid)]:
-        assert time.monotonic() < deadline, alive
+    while living := [pid for pid in processes if alive(pid)]:
+        assert time.monotonic() < deadline, living
         time.sleep(0.02)
     assert not os.path.exists(f"/proc/{processes[0]}")  # the one we started: reaped
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _sandbox_processes():
-    """This process's sandbox processes, launcher first: their command line carries its pid
-    (after `-c` and two more arguments)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"-c" in args and args[args.index(b"-c") + 4:][:1] == [str(os.getpid()).encode()] \
-                and _alive(entry):
-            found.append(int(entry))
-    return sorted(found)  # the launcher was started first: the lowest pid (no wrap-around
-                          # within one run on a pid_max of 2^22)
 
 
 def test_python_env_answers_a_call_with_the_output(spy):

@@ -24,6 +24,8 @@ import pytest
 from eddyrl.envs import python_tool
 from eddyrl.envs.python_tool import PythonSandbox, SandboxLimits
 
+from envs.sandbox_processes import alive, sandbox_processes
+
 LIMITS = dict(wall_s=20.0, cpu_s=10, memory_bytes=512 << 20, file_bytes=1 << 20,
               output_bytes=4096)
 VARIANTS = {
@@ -145,10 +147,10 @@ def test_a_spawned_process_does_not_outlive_the_wall_limit(variant, tmp_path):
         assert result.status == "timeout" or result.stdout.startswith("no fork_exec"), result
         survivor = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text() \
             else None
-        assert survivor is None or not _alive(survivor), \
+        assert survivor is None or not alive(survivor), \
             f"process {survivor} outlived the run: {result.stdout}"
     finally:
-        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
@@ -171,7 +173,7 @@ def test_a_forked_process_in_its_own_session_dies_with_the_run(variant):
         pass
     """, wall_s=3.0)
     assert result.status == "timeout" or result.stdout.startswith("no fork"), result
-    assert _wait_until(lambda: not _sandbox_processes()), _sandbox_processes()
+    assert _wait_until(lambda: not sandbox_processes()), sandbox_processes()
 
 
 @every_variant
@@ -320,30 +322,6 @@ def test_seccomp_refuses_processes_exec_and_namespaces_without_the_hook():
                                                          ["no", "rlimit", "ValueError"]]
     assert "not allowed" in lines[5], result.stdout  # Python's word for EPERM here
     assert "thread" in result.stdout.splitlines(), result  # threads still start
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _sandbox_processes():
-    """The live processes of this process's sandboxes (and whatever they forked): child.py's
-    command line, copied by a fork, carries this process's pid after `-c` and two fields."""
-    mine = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"-c" in args and args[args.index(b"-c") + 4:][:1] == [str(os.getpid()).encode()] \
-                and _alive(entry):
-            mine.append(int(entry))
-    return mine
 
 
 def _wait_until(predicate, bound_s=30.0):
