@@ -5,6 +5,7 @@ Every wait is for an event with a generous bound; none asserts that something wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,6 +42,22 @@ def start(model_dir: str, run_dir: Path, *overrides: str, env: dict | None = Non
         stderr=open(run_dir.parent / f"{run_dir.name}.err", "w"),
         cwd=run_dir.parent, env={**os.environ, "EDDY_PLATFORM": "cpu", "PYTHONPATH": python_path,
                                  **(env or {})})
+
+
+@contextlib.contextmanager
+def running(model_dir: str, run_dir: Path, ready=None, what: str = "a checkpoint"):
+    """`eddy train` started and waited for until `ready()` (default: its first checkpoint);
+    yields the driver and its process tree at that moment; afterwards both are killed by PID,
+    whatever the test did."""
+    driver = start(model_dir, run_dir)
+    processes: dict[int, tuple[float, str]] = {}
+    try:
+        wait_until(driver, run_dir, ready or (lambda: checkpointed(run_dir)), what)
+        processes = tree(driver.pid)
+        yield driver, processes
+    finally:
+        driver.kill()
+        kill_all(processes)
 
 
 def stderr_of(run_dir: Path) -> str:

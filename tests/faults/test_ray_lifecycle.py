@@ -29,13 +29,13 @@ GONE_S = 30
 @pytest.mark.slow
 def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    driver = run.start(tiny_model_dir, run_dir)
-    processes = {}
-    try:
-        run.wait_until(driver, run_dir, lambda: (run_dir / "metrics.jsonl").exists() and
-                       len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 2,
-                       "step 1's metrics")
-        processes = run.tree(driver.pid)
+
+    def step_1_logged():
+        metrics = run_dir / "metrics.jsonl"
+        return metrics.exists() and len(metrics.read_text().splitlines()) >= 2
+
+    with run.running(tiny_model_dir, run_dir, step_1_logged, "step 1's metrics") as (
+            driver, processes):
         names = {name for _, name in processes.values()}
         assert {"gcs_server", "raylet"} <= names, names
         assert any(name.startswith("ray::") for name in names), names  # agents, workers
@@ -46,9 +46,6 @@ def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
         left = run.wait_gone(processes, GONE_S)
         assert not left, f"still running {GONE_S} s after the driver was killed: {left}"
         assert not os.path.exists(token)  # the run's token goes with it
-    finally:
-        driver.kill()
-        run.kill_all(processes)
 
 
 @pytest.mark.slow
@@ -56,11 +53,7 @@ def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
 def test_a_killed_gcs_or_raylet_ends_the_run_with_one_line(tiny_model_dir, tmp_path, victim,
                                                            name):
     run_dir = tmp_path / "run"
-    driver = run.start(tiny_model_dir, run_dir)
-    processes = {}
-    try:
-        run.wait_until(driver, run_dir, lambda: run.checkpointed(run_dir), "a checkpoint")
-        processes = run.tree(driver.pid)
+    with run.running(tiny_model_dir, run_dir) as (driver, processes):
         (pid,) = [p for p, (_, n) in processes.items() if n == victim]
         os.kill(pid, signal.SIGKILL)
         rc = run.finish(driver, run_dir)
@@ -78,9 +71,6 @@ def test_a_killed_gcs_or_raylet_ends_the_run_with_one_line(tiny_model_dir, tmp_p
         assert "resume=auto" in last, last
         assert "Traceback" not in err, err[-3000:]
         assert "trainer rank" not in last and "rollout worker" not in last, last
-    finally:
-        driver.kill()
-        run.kill_all(processes)
 
 
 _DRIVER = textwrap.dedent("""

@@ -18,11 +18,7 @@ from . import eddy_process as run
 def test_a_signal_stops_the_run_with_one_line_and_leaves_it_resumable(tiny_model_dir, tmp_path,
                                                                       signum, status):
     run_dir = tmp_path / "run"
-    driver = run.start(tiny_model_dir, run_dir)
-    processes = {}
-    try:
-        run.wait_until(driver, run_dir, lambda: run.checkpointed(run_dir), "a checkpoint")
-        processes = run.tree(driver.pid)
+    with run.running(tiny_model_dir, run_dir) as (driver, processes):
         driver.send_signal(signum)
         rc = run.finish(driver, run_dir)
         err = run.stderr_of(run_dir)
@@ -34,9 +30,6 @@ def test_a_signal_stops_the_run_with_one_line_and_leaves_it_resumable(tiny_model
         point = resume.find("auto", run_dir)  # what the line promises: a checkpoint to go on
         assert point is not None and f"step {point.step})" in last, last
         assert not run.wait_gone(processes, 30)  # the run's Ray went down with it
-    finally:
-        driver.kill()
-        run.kill_all(processes)
 
 
 def test_train_help_names_the_config_overrides_config_show_and_the_modes(capsys):
