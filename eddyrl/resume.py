@@ -116,7 +116,8 @@ def begin(point: ResumePoint, run_dir: Path) -> Path | None:
         f"{datetime.datetime.now():%Y%m%d-%H%M%S}-after-step_{point.step:06d}")
     moved = checkpoints.retire_after(run_dir / CHECKPOINTS, point.step, retired)
     final = run_dir / FINAL
-    if _final_step(final) is not None and _final_step(final) > point.step:
+    final_step = _final_step(final)
+    if final_step is not None and final_step > point.step:
         retired.mkdir(parents=True, exist_ok=True)
         os.rename(final, retired / FINAL)
         moved.append(retired / FINAL)
@@ -185,13 +186,15 @@ def restart_metrics(path: Path, point: ResumePoint, keep_dropped: Path | None = 
     given); a run directory without the file gets the checkpoint's history. Returns the lines
     dropped."""
     path = Path(path)
+    kept: list[str] = []
+    dropped: list[str] = []
     if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if _step_of_line(line) is not None
-                and _step_of_line(line) <= point.step]
+        for line in path.read_text().splitlines():
+            if line.strip():
+                step = _step_of_line(line)
+                (kept if step is not None and step <= point.step else dropped).append(line)
     else:
-        lines, kept = [], [json.dumps(m, sort_keys=True) for m in point.state.meta["history"]]
-    dropped = [line for line in lines if line not in kept] if lines else []
+        kept = [json.dumps(m, sort_keys=True) for m in point.state.meta["history"]]
     if dropped and keep_dropped is not None:
         keep_dropped.mkdir(parents=True, exist_ok=True)
         (keep_dropped / path.name).write_text("".join(line + "\n" for line in dropped))
