@@ -74,18 +74,24 @@ class JitteryEngine(ScriptedEngine):
     """ScriptedEngine whose turns take a seeded number of tokens (`lengths` of the call's first
     request) and whose tokens take a seeded number of event-loop turns; with `faults`, it
     sometimes repeats a final result, reports progress after one, or reports a request no
-    one sent."""
+    one sent; with `stragglers`, a quarter of its calls are the long tail: each token takes
+    tens of turns, so weights are published (and superseded) while they run and requests
+    queued behind them wait."""
 
-    def __init__(self, seed: int, lengths: Lengths, faults: bool, **kwargs):
+    def __init__(self, seed: int, lengths: Lengths, faults: bool, stragglers: bool = False,
+                 **kwargs):
         super().__init__(token=5, **kwargs)
         self.rng = random.Random(seed)
+        # Its own stream, so that schedules without stragglers are the ones they always were.
+        self.slow = random.Random(f"{seed}:slow") if stragglers else None
         self.lengths = lengths
         self.faults = faults
 
     async def generate(self, requests):
         self.turn_tokens = self.lengths(requests[0].request_id)
+        slow = self.slow is not None and self.slow.random() < 0.25
         async for result in super().generate(requests):
-            for _ in range(self.rng.randrange(4)):
+            for _ in range(self.rng.randrange(4) + (self.slow.randrange(20, 60) if slow else 0)):
                 await asyncio.sleep(0)
             yield result
             if self.faults and result.final and self.rng.random() < 0.1:
@@ -197,7 +203,7 @@ class ScheduleRuntime:
     async def replace_worker(self, worker):
         old = self.workers[worker]
         engine = JitteryEngine(self.rng.randrange(1 << 30), old.lengths, old.faults,
-                               partial_rollout=old.partial_rollout)
+                               old.slow is not None, partial_rollout=old.partial_rollout)
         await engine.load_weights(self.published)
         self.workers[worker] = engine
         self.dead.discard(worker)
@@ -223,7 +229,8 @@ def _prompts(count: int) -> PromptSet:
     return PromptSet([Prompt(i, f"p{i}", "1", (1, 3 + i % 5)) for i in range(count)], 0)
 
 
-def _settings(rng: random.Random, steps: int = 5) -> tuple[dict, LoopSettings, int]:
+def _settings(seed: int, steps: int = 5) -> tuple[dict, LoopSettings, int, random.Random]:
+    rng = random.Random(seed)
     k = rng.randrange(5)
     partial = k > 0 and rng.random() < 0.3
     workers = rng.choice([1, 2, 3])
@@ -253,16 +260,18 @@ def _settings(rng: random.Random, steps: int = 5) -> tuple[dict, LoopSettings, i
         pad_id=0, max_batch_size=4, routing=routing, env=env,
         elastic=ElasticConfig(enabled=choice["elastic"], schedule=schedule,
                               min_rollout_workers=1))
-    return choice, settings, workers
+    # Drawn from its own stream, so that adding it left every older seed's schedule as it was.
+    choice["stragglers"] = random.Random(f"{seed}:stragglers").random() < 0.4
+    return choice, settings, workers, rng
 
 
 def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
     """One seeded schedule; returns its settings and runtime; raises on any broken promise."""
-    rng = random.Random(seed)
-    choice, settings, workers = _settings(rng, steps)
+    choice, settings, workers, rng = _settings(seed, steps)  # rng: past the settings' draws
     lengths = Lengths(seed)
     engines = [JitteryEngine(rng.randrange(1 << 30), lengths, choice["faults"],
-                             partial_rollout=choice["partial"]) for _ in range(workers)]
+                             choice["stragglers"], partial_rollout=choice["partial"])
+               for _ in range(workers)]
     runtime = ScheduleRuntime(engines, rng, rng.randrange(1, 20) if choice["lose"] else None,
                               choice["partial"])
     controller = build_controller(settings, runtime, _prompts(40), _prompts(2),
@@ -302,7 +311,7 @@ def _report(seed: int, steps: int, exc: BaseException) -> str:
     and the command that reruns it."""
     fewest = next((n for n in range(1, steps) if _fails(seed, n)), steps)
     notes = "; ".join(getattr(exc, "__notes__", []))
-    return (f"seed {seed} {_settings(random.Random(seed))[0]} fails from {fewest} step(s): "
+    return (f"seed {seed} {_settings(seed)[0]} fails from {fewest} step(s): "
             f"{type(exc).__name__}: {exc} [{notes}]\n"
             f"    rerun: {RERUN.format(seed=seed, steps=fewest)}")
 

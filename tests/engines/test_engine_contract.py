@@ -304,3 +304,47 @@ def test_held_weights_wait_on_an_idle_engine_until_a_newer_request(engine, tiny_
     newer = asyncio.run(_collect(engine, _versioned(2, hosted + 1, max_new=5)))
     assert all(set(r.versions) == {hosted + 1} for r in newer)
     assert engine.version == hosted + 1 and engine.stats().staged_version is None
+
+
+def test_a_resumed_request_whose_staged_version_was_superseded_while_it_waited_is_refused(
+        engine, tiny_model_dir):
+    """Two publishes while a request for the first one waits behind running work: a fresh
+    waiter starts on the newest weights (the rollout relabels it); a resumed one carries tokens
+    of the version it asked for, and the newest weights continuing them would mix two versions
+    in one trajectory (C1), so it comes back "refused" with its history untouched (the rollout
+    restarts it; nothing is lost)."""
+    hosted = engine.version  # the vllm engine is shared by the tests: whatever it hosts now
+    engine.configure(partial_rollout=False)
+    history = [7, 8]
+
+    async def scenario():
+        # Greedy and long: the running work is still there at the second publish, until the
+        # test aborts it (the engines' speed decides nothing).
+        running = [GenerationRequest(f"old-{i}", [1, 2, 3 + i],
+                                     SamplingParams(max_new_tokens=120, temperature=0.0),
+                                     version=hosted) for i in range(2)]
+        old = asyncio.create_task(_collect(engine, running))
+        await _until_generated(engine, 10)
+        await engine.load_weights(hosted + 1, _shifted_weights(tiny_model_dir, 1))
+        resumed = GenerationRequest("moved-0", [1, 2, 3], SamplingParams(max_new_tokens=8),
+                                    version=hosted + 1, resume_ids=history,
+                                    resume_logprobs=[-1.0, -1.0],
+                                    resume_versions=[hosted + 1] * 2)
+        waiting = [asyncio.create_task(_collect(engine, [resumed])),
+                   asyncio.create_task(_collect(engine, _versioned(1, hosted + 1, max_new=5)))]
+        await _until_generated(engine, 5)  # both asked and were told to wait
+        assert engine.version == hosted and engine.stats().staged_version == hosted + 1
+        await engine.load_weights(hosted + 2, _shifted_weights(tiny_model_dir, 2))
+        assert engine.stats().running == 2  # the waiters have not started
+        await engine.abort([r.request_id for r in running])
+        first = await old
+        return first, [await task for task in waiting]
+
+    first, (moved, fresh) = asyncio.run(scenario())
+    assert [r.finish_reason for r in first] == ["abort"] * 2
+    assert all(set(r.versions) == {hosted} for r in first)
+    assert engine.version == hosted + 2
+    (moved,) = moved
+    assert moved.finish_reason == "refused" and moved.token_ids == history
+    assert moved.versions == [hosted + 1] * 2
+    assert all(set(r.versions) == {hosted + 2} for r in fresh)
