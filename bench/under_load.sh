@@ -6,7 +6,8 @@
 #
 # Each run clones this repository's HEAD into a new directory and runs `python -m pytest -q`
 # there (the README's test command, with this checkout's installed packages; the clone is put
-# first on PYTHONPATH). HOGS busy loops run the whole time; they are ended by their PIDs.
+# first on PYTHONPATH; `--durations=40` only reports the slowest tests). HOGS busy loops run the
+# whole time; they are ended by their PIDs.
 set -uo pipefail
 runs=${1:-5}; hogs=${2:-2}; out=${3:-/tmp/eddy-under-load}
 root=$(git rev-parse --show-toplevel)
@@ -24,7 +25,7 @@ for i in $(seq "$runs"); do
   clone=$(mktemp -d /tmp/eddy-clone.XXXXXX)
   git clone -q "$root" "$clone"
   start=$(date +%s)
-  (cd "$clone" && PYTHONPATH="$clone" "$python" -m pytest -q -p no:cacheprovider) \
+  (cd "$clone" && PYTHONPATH="$clone" "$python" -m pytest -q -p no:cacheprovider --durations=40) \
     >"$out/run$i.log" 2>&1
   status=$?
   echo "run $i: exit $status, $(( $(date +%s) - start )) s: $(tail -n 1 "$out/run$i.log")" \
