@@ -3,6 +3,7 @@ back to back in one invocation, quiet and then with busy loops beside each side.
 
     python bench/peers.py [--steps 100] [--hogs 2] [--only eddy|trl] [--eval-every 20]
                           [--target 0.6] [--out /tmp/eddy-peers] [--venvs ~/.cache/eddy-bench]
+                          [--eddy KEY=VALUE ...]
 
 The defaults (100 steps, quiet then 2 hogs, both sides) took 15 minutes on the 2-core dev machine,
 plus about 1.5 minutes the first time to make the TRL venv. Run it from Eddy's venv
@@ -512,12 +513,13 @@ def launch(cmd: list[str], log_path: Path, env: dict, watch: Path | None,
 
 
 def run_eddy(run_dir: Path, steps: int, eval_every: int, timeout_s: float,
-             hogs: tuple[int, ...] = ()) -> dict:
+             hogs: tuple[int, ...] = (), overrides: tuple[str, ...] = ()) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     eddy = Path(sys.executable).with_name("eddy")
     cmd = [str(eddy), "train", f"run_dir={run_dir}", f"loop.steps={steps}"]
     if eval_every != 20:
         cmd.append(f"loop.eval_every={eval_every}")
+    cmd += overrides
     log(f"eddy: {' '.join(cmd)}")
     run_dir.mkdir(parents=True)
     proc = launch(cmd, run_dir.parent / f"{run_dir.name}.log", dict(os.environ),
@@ -718,6 +720,9 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/eddy-peers")
     parser.add_argument("--venvs", default="~/.cache/eddy-bench")
     parser.add_argument("--timeout", type=float, default=3600, help="per run (s)")
+    parser.add_argument("--eddy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for Eddy's side (repeatable), e.g. "
+                             "cluster.runtime=ray; the exported task uses them too")
     args = parser.parse_args()
 
     import torch
@@ -748,7 +753,9 @@ def main() -> int:
         trl_python, venv = trl_venv(Path(args.venvs))
         info["trl_venv"] = {"dir": venv["dir"], "pins": venv["pins"],
                             "freeze": venv.get("freeze", [])}
-    config = eddy_config()
+    config = eddy_config(args.eddy)
+    info["eddy"]["overrides"] = list(args.eddy)
+    info["eddy"]["runtime"] = config.runtime_kind()
     task = export_task(config, args.steps, work)
     s = task["settings"]
     samples_per_step = s["batch_prompts"] * s["n_samples"]
@@ -773,7 +780,7 @@ def main() -> int:
                 pids = tuple(p.pid for p in hog.procs)
                 if side == "eddy":
                     raw[tag] = run_eddy(out / tag, args.steps, args.eval_every, args.timeout,
-                                        pids)
+                                        pids, tuple(args.eddy))
                 else:
                     raw[tag] = run_trl(trl_python, work, out / tag, args.steps,
                                        args.eval_every, args.timeout, pids)
@@ -819,9 +826,13 @@ def report(info: dict, results: dict, body: str) -> str:
         f"- command: `{info['command']}` ({info['wall_s'] / 60:.0f} min)",
         f"- Eddy {e['commit']}, its own venv {e['venv']}: python {e['python']}, torch "
         f"{e['torch']}, transformers {e['transformers']}, ray {e.get('ray', '-')}; `eddy train` "
-        "with the default config (tiny_cpu.yaml) and only run_dir and loop.steps set: Ray on "
-        "this machine, one rollout worker (hf engine) and one trainer (FSDP, 1 rank), each with "
-        f"{s['threads']} torch threads (cluster.threads_per_worker 0: all cores)",
+        "with the default config (tiny_cpu.yaml), run_dir and loop.steps set"
+        + (f", and {' '.join(e['overrides'])}" if e.get("overrides") else "")
+        + f": cluster.runtime {e.get('runtime', 'ray')} ("
+        + ("one process: the hf engine and one FSDP trainer rank in the driver"
+           if e.get("runtime") == "local" else
+           "Ray on this machine, one rollout worker (hf engine) and one trainer (FSDP, 1 rank)")
+        + f"), {s['threads']} torch threads (cluster.threads_per_worker 0: all cores)",
     ]
     if trl:
         lines.append(f"- TRL venv {info['trl_venv']['dir']}: trl {trl['trl']}, torch "

@@ -195,7 +195,7 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
         metrics_file(metrics)
         on_step(metrics)
 
-    if config.cluster.runtime == "local":
+    if config.runtime_kind() == "local":
         from .runtime.local import LocalRuntime
 
         runtime = base_runtime = LocalRuntime(config, model_path, str(run_dir))
@@ -231,7 +231,7 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
     summary = await controller.run()
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
-    summary.update(rollout_workers=len(stats),
+    summary.update(runtime=config.runtime_kind(), rollout_workers=len(stats),
                    rollout_replacements=runtime.replacements
                    if isinstance(runtime, Recoverable) else 0,
                    rollout_busy_s=sum(s.busy_seconds for s in stats),

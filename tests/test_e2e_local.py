@@ -1,7 +1,8 @@
 """`cluster.runtime = local`: the same controller with the rollout engine and the trainer in
-this process, no Ray (issue 20). Pinned to the Ray runtime: the same run gives the same
-samples, losses and weights; an asynchronous run (K = 1, generation beside training in the
-trainer's thread) keeps C3 and the exactly-once ledger."""
+this process, no Ray (issue 20); what `auto` (the default) picks for a job that fits one
+process. Pinned to the Ray runtime: the same run gives the same samples, losses and weights;
+an asynchronous run (K = 1, generation beside training in the trainer's thread) keeps C3 and
+the exactly-once ledger."""
 
 import json
 
@@ -38,9 +39,11 @@ def _weights(run_dir):
 
 @pytest.mark.slow
 def test_the_local_runtime_trains_exactly_as_ray_does(tiny_model_dir, tmp_path):
-    ray_dir, _, on_ray = _run(tmp_path, tiny_model_dir, "ray", "loop.steps=2")
+    ray_dir, on_ray_summary, on_ray = _run(tmp_path, tiny_model_dir, "ray", "loop.steps=2",
+                                           "cluster.runtime=ray")
     local_dir, summary, local = _run(tmp_path, tiny_model_dir, "local", "loop.steps=2",
                                      "cluster.runtime=local")
+    assert (on_ray_summary["runtime"], summary["runtime"]) == ("ray", "local")
     assert len(local) == len(on_ray) == 2
     for a, b in zip(local, on_ray):
         assert {k: a.get(k) for k in SAME} == {k: b.get(k) for k in SAME}
@@ -74,3 +77,18 @@ def test_settings_the_local_runtime_cannot_run_are_refused_by_name():
             (["rollout.num_workers=2", "elastic.enabled=true"], "elastic")):
         with pytest.raises(ConfigError, match=match):
             load_config(overrides=["cluster.runtime=local", *overrides])
+
+
+def test_auto_runs_local_exactly_when_the_job_fits_one_process():
+    from eddyrl.config import load_config
+
+    assert load_config().cluster.runtime == "auto"
+    assert load_config().runtime_kind() == "local"  # the default job, `eddy train`
+    for overrides in (["rollout.num_workers=2"], ["rollout.engine=vllm"],
+                      ["window.max_staleness=1"], ["cluster.runtime=local"]):
+        assert load_config(overrides=overrides).runtime_kind() == "local", overrides
+    for overrides in (["train.num_workers=2"], ["cluster.address=127.0.0.1:6379"],
+                      ["cluster.placement=colocated", "window.max_staleness=0"],
+                      ["rollout.num_workers=2", "elastic.enabled=true"],
+                      ["cluster.runtime=ray"]):
+        assert load_config(overrides=overrides).runtime_kind() == "ray", overrides

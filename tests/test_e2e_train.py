@@ -1,5 +1,7 @@
-"""End to end on a local Ray: `eddy train` as a user runs it, and the same loop with two
-trainer ranks, two rollout workers and the collective weight channel (gloo on the CPU)."""
+"""End to end: `eddy train` as a user runs it (the default job runs in one process:
+`cluster.runtime` auto is local), and on a local Ray the same loop with two trainer ranks, two
+rollout workers and the collective weight channel (gloo on the CPU), the asynchronous modes,
+the elastic pool and lost workers."""
 
 import json
 import os
@@ -92,7 +94,8 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "window.max_staleness=1", "algorithm.decoupled=true",
+        "cluster.runtime=ray", "rollout.num_workers=2", "window.max_staleness=1",
+        "algorithm.decoupled=true",
         "algorithm.tis_cap=2.0", "algorithm.dynamic_sampling=false", "replay.max_fraction=0.5",
         "replay.max_lag=2", *SMALL, "loop.steps=4"])
     summary = json.loads(train(config).read_text())
@@ -125,8 +128,8 @@ def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
     mode = bundled(f"modes/{mode_name}")
     config = load_config(mode, overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "algorithm.dynamic_sampling=false", *SMALL,
-        "loop.steps=6", "loop.eval_every=0", "routing.min_observations=2",
+        "cluster.runtime=ray", "rollout.num_workers=2", "algorithm.dynamic_sampling=false",
+        *SMALL, "loop.steps=6", "loop.eval_every=0", "routing.min_observations=2",
         "routing.rebuild_every=2", "routing.milestones=[4,8]",
         "routing.buckets=[{name: short, max_tokens: 8}, {name: long, max_tokens: 24}]"])
     summary = json.loads(train(config).read_text())
@@ -175,7 +178,8 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "window.max_staleness=1", "algorithm.decoupled=true",
+        "cluster.runtime=ray", "rollout.num_workers=2", "window.max_staleness=1",
+        "algorithm.decoupled=true",
         "algorithm.dynamic_sampling=false", "elastic.enabled=true",
         'elastic.schedule=["2 join 1", "7 leave 1"]', "adaptive.enabled=true",
         "adaptive.window=2", "adaptive.cooldown_steps=2", *SMALL, "loop.steps=10",
@@ -221,7 +225,8 @@ def test_elastic_pool_lends_a_rollout_worker_to_training_and_back(tiny_model_dir
 @pytest.mark.slow
 def test_eddy_train_with_the_vllm_engine_raises_held_out_accuracy(tmp_path):
     """`eddy train rollout.engine=vllm` on the bundled tiny default (warm-started model,
-    arithmetic task): the run completes on Ray with vLLM's CPU engine, the trainer's log-probs
+    arithmetic task): the run completes with vLLM's CPU engine (in the driver: the default job
+    runs in one process; vLLM's engine core is its own process), the trainer's log-probs
     agree with vLLM's, and held-out accuracy rises (0.258 -> 0.69 in 10 steps when measured)."""
     pytest.importorskip("vllm")
     cmd = [sys.executable, "-m", "eddyrl.cli", "train", "rollout.engine=vllm",
@@ -324,7 +329,8 @@ def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", "platform=cpu",
-        "rollout.num_workers=2", "window.max_staleness=1", *SMALL, f"loop.steps={steps}",
+        "cluster.runtime=ray", "rollout.num_workers=2", "window.max_staleness=1", *SMALL,
+        f"loop.steps={steps}",
         "loop.eval_every=0"])
     summary = json.loads(train(config, on_step=kill_worker_0).read_text())
     assert summary["steps"] == steps

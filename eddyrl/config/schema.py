@@ -98,6 +98,20 @@ class EddyConfig:
             "bound the groups in flight with window.max_inflight_prompts", UserWarning,
             stacklevel=3)
 
+    def runtime_kind(self) -> str:
+        """The runtime this run uses: `cluster.runtime`, with "auto" resolved. A job that fits
+        one process (no cluster address, one trainer rank, split placement, no elastic pool)
+        runs local: no Ray start-up, no actor processes each loading torch and the model, no
+        object-store round trips (measured in bench/results/README.md); anything else on Ray.
+        What local gives up besides: a crashed rollout engine is the run's end, not a worker
+        replaced."""
+        cluster = self.cluster
+        if cluster.runtime != "auto":
+            return cluster.runtime
+        fits = (cluster.address is None and self.train.num_workers == 1
+                and cluster.placement == "split" and not self.elastic.enabled)
+        return "local" if fits else "ray"
+
     def _check_local_runtime(self) -> None:
         """One process holds what `cluster.runtime = local` runs: no other process to lend,
         replace or time-share with."""

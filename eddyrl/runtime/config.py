@@ -10,7 +10,7 @@ from ..validation import check_choice, check_range
 
 
 Placement = Literal["split", "colocated"]
-RuntimeKind = Literal["ray", "local"]
+RuntimeKind = Literal["auto", "ray", "local"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,7 +29,8 @@ class ClusterConfig:
     # ray: every worker an actor of a Ray cluster (local on loopback unless `address`).
     # local: one process, no Ray: the rollout engines and one trainer rank in the driver
     # (runtime/local.py); no elastic pool, worker replacement or colocation.
-    runtime: RuntimeKind = "ray"
+    # auto: local when the job fits one process (`EddyConfig.runtime_kind`), else ray.
+    runtime: RuntimeKind = "auto"
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:

@@ -45,11 +45,12 @@ def start(model_dir: str, run_dir: Path, *overrides: str, env: dict | None = Non
 
 
 @contextlib.contextmanager
-def running(model_dir: str, run_dir: Path, ready=None, what: str = "a checkpoint"):
-    """`eddy train` started and waited for until `ready()` (default: its first checkpoint);
-    yields the driver and its process tree at that moment; afterwards both are killed by PID,
-    whatever the test did."""
-    driver = start(model_dir, run_dir)
+def running(model_dir: str, run_dir: Path, ready=None, what: str = "a checkpoint",
+            overrides: tuple[str, ...] = ()):
+    """`eddy train` (with `overrides`) started and waited for until `ready()` (default: its
+    first checkpoint); yields the driver and its process tree at that moment; afterwards both
+    are killed by PID, whatever the test did."""
+    driver = start(model_dir, run_dir, *overrides)
     processes: dict[int, tuple[float, str]] = {}
     try:
         wait_until(driver, run_dir, ready or (lambda: checkpointed(run_dir)), what)

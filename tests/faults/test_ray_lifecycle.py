@@ -24,6 +24,7 @@ from . import eddy_process as run
 # Ray's agents outlived the killed driver by a minute (their calls to the dead GCS time out at
 # 60 s); the reaper kills them within a second. Half of Ray's minute is ample for that.
 GONE_S = 30
+RAY = ("cluster.runtime=ray",)  # the default job would run in one process, without Ray
 
 
 @pytest.mark.slow
@@ -34,8 +35,8 @@ def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
         metrics = run_dir / "metrics.jsonl"
         return metrics.exists() and len(metrics.read_text().splitlines()) >= 2
 
-    with run.running(tiny_model_dir, run_dir, step_1_logged, "step 1's metrics") as (
-            driver, processes):
+    with run.running(tiny_model_dir, run_dir, step_1_logged, "step 1's metrics",
+                     overrides=RAY) as (driver, processes):
         names = {name for _, name in processes.values()}
         assert {"gcs_server", "raylet"} <= names, names
         assert any(name.startswith("ray::") for name in names), names  # agents, workers
@@ -53,7 +54,7 @@ def test_a_killed_driver_leaves_no_ray_process(tiny_model_dir, tmp_path):
 def test_a_killed_gcs_or_raylet_ends_the_run_with_one_line(tiny_model_dir, tmp_path, victim,
                                                            name):
     run_dir = tmp_path / "run"
-    with run.running(tiny_model_dir, run_dir) as (driver, processes):
+    with run.running(tiny_model_dir, run_dir, overrides=RAY) as (driver, processes):
         (pid,) = [p for p, (_, n) in processes.items() if n == victim]
         os.kill(pid, signal.SIGKILL)
         rc = run.finish(driver, run_dir)

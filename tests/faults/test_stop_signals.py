@@ -14,11 +14,14 @@ from . import eddy_process as run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# Ctrl-C on the default run (one process: cluster.runtime auto is local), SIGTERM on Ray's
+@pytest.mark.parametrize("signum, status, runtime", [(signal.SIGINT, 130, "auto"),
+                                                     (signal.SIGTERM, 143, "ray")])
 def test_a_signal_stops_the_run_with_one_line_and_leaves_it_resumable(tiny_model_dir, tmp_path,
-                                                                      signum, status):
+                                                                      signum, status, runtime):
     run_dir = tmp_path / "run"
-    with run.running(tiny_model_dir, run_dir) as (driver, processes):
+    with run.running(tiny_model_dir, run_dir,
+                     overrides=(f"cluster.runtime={runtime}",)) as (driver, processes):
         driver.send_signal(signum)
         rc = run.finish(driver, run_dir)
         err = run.stderr_of(run_dir)
@@ -29,7 +32,7 @@ def test_a_signal_stops_the_run_with_one_line_and_leaves_it_resumable(tiny_model
         assert "resume with resume=auto" in last and str(run_dir) in last, last
         point = resume.find("auto", run_dir)  # what the line promises: a checkpoint to go on
         assert point is not None and f"step {point.step})" in last, last
-        assert not run.wait_gone(processes, 30)  # the run's Ray went down with it
+        assert not run.wait_gone(processes, 30)  # the run's processes (Ray's) went with it
 
 
 def test_train_help_names_the_config_overrides_config_show_and_the_modes(capsys):
