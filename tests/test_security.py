@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import socket
+import tempfile
 import time
 
 import psutil
@@ -68,7 +70,7 @@ def _session_pids(before: set[int], actor_pid: int) -> set[int]:
     return pids
 
 
-def test_local_ray_listens_on_loopback_only_with_token_auth():
+def test_local_ray_listens_on_loopback_only_with_token_auth(monkeypatch):
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
@@ -77,6 +79,15 @@ def test_local_ray_listens_on_loopback_only_with_token_auth():
 
     if ray.is_initialized():
         ray.shutdown()  # the session checked is one that start_ray starts
+    # A cluster someone started with `ray start` on this machine (its address file, pointing
+    # at a port nothing listens on): a run without cluster.address still starts its own Ray
+    # (once, ray.init joined that one and refused num_cpus). A Ray temp dir of the test's own,
+    # short: Ray's socket paths must fit in 107 bytes.
+    ray_tmp = tempfile.mkdtemp(prefix="eddy-ray-")
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    os.makedirs(os.path.join(ray_tmp, "ray"))
+    with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as file:
+        file.write("127.0.0.1:9")
     me = os.getpid()
     children_before = _descendants(me)
     own_before = _servers(me)  # the test process's own servers from before Ray, if any
@@ -121,3 +132,4 @@ def test_local_ray_listens_on_loopback_only_with_token_auth():
                                      "authentication is off")
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -43,6 +43,29 @@ def loopback_interface() -> str:
     return names[0] if names else "lo"
 
 
+def interface_of(address: str) -> str:
+    """The network interface that holds IPv4 `address` on this machine (Linux: SIOCGIFADDR on
+    each interface): where the collective libraries' sockets go on a cluster node."""
+    import fcntl
+    import socket
+    import struct
+
+    if address.startswith("127."):
+        return loopback_interface()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(answer[20:24]) == address:
+                return name
+    raise RuntimeError(f"no network interface of this machine holds {address} (the node's "
+                       "cluster address): the collective libraries would not know where to "
+                       "listen")
+
+
 class Platform:
     """One kind of device. Subclasses set the class attributes and override what differs."""
 
@@ -178,24 +201,41 @@ class Platform:
             return "cpu:gloo"
         return f"cpu:gloo,{self.device_type}:{self.dist_backend()}"
 
-    def loopback_env(self) -> dict[str, str]:
-        """Variables that keep the collective libraries' sockets on the loopback interface, for
-        single-machine runs and tests (gloo otherwise binds to the host name's address)."""
-        return {"GLOO_SOCKET_IFNAME": loopback_interface()}
+    def socket_env(self, interface: str, address: str) -> dict[str, str]:
+        """Variables that put the collective libraries' sockets on `interface` (which holds
+        `address`): gloo here; NCCL / HCCL add theirs. Without them gloo binds to the host
+        name's address, which on a cluster node may not be the network the cluster uses."""
+        return {"GLOO_SOCKET_IFNAME": interface}
 
-    def init_process_group(self, rank: int, world_size: int, init_method: str,
-                           timeout_s: float = 600.0, *, local: bool = False) -> None:
+    def loopback_env(self) -> dict[str, str]:
+        """`socket_env` for the loopback interface: single-machine runs and tests."""
+        return self.socket_env(loopback_interface(), "127.0.0.1")
+
+    def use_network(self, address: str | None) -> None:
+        """Before joining a group: keep this process's collective sockets on the interface of
+        `address` (its node's cluster address), or on loopback when None. A value the user
+        set wins."""
+        env = self.loopback_env() if address is None else \
+            self.socket_env(interface_of(address), address)
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+
+    def init_process_group(self, rank: int, world_size: int, init_method: str | None,
+                           timeout_s: float = 600.0, *, local: bool = False,
+                           store: Any = None, address: str | None = None) -> None:
         """Join the default group. `init_method` is `file://...` (one machine, no listening
-        socket) or `tcp://host:port`; `local=True` keeps all traffic on loopback."""
+        socket) or `tcp://host:port`; or `store`, a store already made (see
+        `hal.rendezvous`). `local=True` keeps all traffic on loopback; else `address` (this
+        node's cluster address) says which interface the collectives use."""
         import torch.distributed as dist
 
-        if local:
-            for key, value in self.loopback_env().items():
-                os.environ.setdefault(key, value)
+        if local or address is not None:
+            self.use_network(None if local else address)
         if self.device_type != "cpu" and self.is_available():
             self.set_device(self.local_rank())
-        dist.init_process_group(backend=self.composite_backend(), init_method=init_method,
-                                rank=rank, world_size=world_size,
+        dist.init_process_group(backend=self.composite_backend(),
+                                init_method=None if store is not None else init_method,
+                                store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
 
     def new_standalone_group(self, store: Any, rank: int, world_size: int,

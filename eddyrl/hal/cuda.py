@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .base import Platform, loopback_interface
+from .base import Platform
 
 
 class CudaPlatform(Platform):
@@ -29,8 +29,8 @@ class CudaPlatform(Platform):
     def dist_backend(self) -> str:
         return "nccl"
 
-    def loopback_env(self) -> dict[str, str]:
-        return {**super().loopback_env(), "NCCL_SOCKET_IFNAME": loopback_interface()}
+    def socket_env(self, interface: str, address: str) -> dict[str, str]:
+        return {**super().socket_env(interface, address), "NCCL_SOCKET_IFNAME": interface}
 
     def new_standalone_group(self, store: Any, rank: int, world_size: int,
                              timeout_s: float = 600.0) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .base import Platform, loopback_interface
+from .base import Platform
 
 
 def _import_torch_npu():
@@ -48,9 +48,11 @@ class NpuPlatform(Platform):
     def dist_backend(self) -> str:
         return "hccl"
 
-    def loopback_env(self) -> dict[str, str]:
-        # HCCL's host-side sockets (rendezvous) follow HCCL_SOCKET_IFNAME.
-        return {**super().loopback_env(), "HCCL_SOCKET_IFNAME": loopback_interface()}
+    def socket_env(self, interface: str, address: str) -> dict[str, str]:
+        # HCCL's host-side sockets (rendezvous) follow HCCL_SOCKET_IFNAME; HCCL_IF_IP names
+        # the address its initialisation uses.
+        return {**super().socket_env(interface, address), "HCCL_SOCKET_IFNAME": interface,
+                "HCCL_IF_IP": address}
 
     def new_standalone_group(self, store: Any, rank: int, world_size: int,
                              timeout_s: float = 600.0) -> Any:

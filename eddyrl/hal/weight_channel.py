@@ -16,13 +16,13 @@ run concurrently; for the host channels the spec carries the tensors and `send` 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from .base import Platform
+from .rendezvous import make_store
 
 
 @dataclass(slots=True)
@@ -106,12 +106,18 @@ class CollectiveChannel(WeightChannel):
 
     @classmethod
     def connect(cls, platform: Platform, rendezvous: str, rank: int, world_size: int,
-                timeout_s: float = 600.0) -> "CollectiveChannel":
-        """All ranks call this with the same `rendezvous` (see `make_store`); rank 0 sends."""
-        if rendezvous.startswith("file://"):  # one machine: keep the sockets on loopback
-            for key, value in platform.loopback_env().items():
-                os.environ.setdefault(key, value)
-        store = make_store(rendezvous, rank, world_size, timeout_s)
+                timeout_s: float = 600.0, *, store: Any = None,
+                address: str | None = None) -> "CollectiveChannel":
+        """All ranks call this with the same `rendezvous` (see `hal.rendezvous`); rank 0
+        sends, and with a `tcp://` one passes the `store` it serves. `address`: this node's
+        cluster address, where the sockets go (a `file://` rendezvous keeps them on
+        loopback)."""
+        if rendezvous.startswith("file://"):
+            platform.use_network(None)
+        elif address is not None:
+            platform.use_network(address)
+        if store is None:
+            store = make_store(rendezvous, rank, world_size, timeout_s)
         group = platform.new_standalone_group(store, rank, world_size, timeout_s)
         return cls(platform=platform, group=group, rank=rank)
 
@@ -138,33 +144,19 @@ class CollectiveChannel(WeightChannel):
             shutdown()
 
 
-def make_store(rendezvous: str, rank: int, world_size: int, timeout_s: float = 600.0):
-    """A key-value store for a group's rendezvous: `file:///path` on one machine (no listening
-    socket at all), `tcp://host:port` across machines (rank 0 listens)."""
-    import datetime
-    from urllib.parse import urlparse
-
-    import torch.distributed as dist
-
-    url = urlparse(rendezvous)
-    if url.scheme == "file":
-        return dist.FileStore(url.path, world_size)
-    if url.scheme == "tcp" and url.hostname and url.port:
-        return dist.TCPStore(url.hostname, url.port, world_size, is_master=(rank == 0),
-                             timeout=datetime.timedelta(seconds=timeout_s))
-    raise ValueError(f"rendezvous {rendezvous!r} must be file:///path or tcp://host:port")
-
-
 def open_weight_channel(sender: Platform, receiver: Platform, *, rank: int = 0,
                         world_size: int = 1, rendezvous: str = "", kind: str = "auto",
-                        timeout_s: float = 600.0) -> WeightChannel:
+                        timeout_s: float = 600.0, store: Any = None,
+                        address: str | None = None) -> WeightChannel:
     """The channel the two platforms agree on (`Platform.weight_channel_kind`), or `kind` when
-    forced. `rank` 0 is the sender; the rendezvous arguments matter only for `collective`."""
+    forced. `rank` 0 is the sender; the rendezvous arguments (`store`, `address`: see
+    `CollectiveChannel.connect`) matter only for `collective`."""
     if kind == "auto":
         kind = sender.weight_channel_kind(receiver)
     if kind not in ("collective", "object_store", "host"):
         raise ValueError(f"weight channel kind {kind!r} is not collective, object_store or host")
     if kind == "collective":
         own = sender if rank == 0 else receiver
-        return CollectiveChannel.connect(own, rendezvous, rank, world_size, timeout_s)
+        return CollectiveChannel.connect(own, rendezvous, rank, world_size, timeout_s,
+                                         store=store, address=address)
     return HostChannel(receiver=receiver, kind=kind)

@@ -74,7 +74,10 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         session = LocalRaySession()
         session.private_token()
         try:
-            ray.init(num_cpus=config.cluster.num_cpus or os.cpu_count(),
+            # address="local": a Ray of its own even when a cluster started with `ray start`
+            # runs on this machine (without it, ray.init joins that one, found through
+            # /tmp/ray/ray_current_cluster, and refuses num_cpus with a traceback)
+            ray.init(address="local", num_cpus=config.cluster.num_cpus or os.cpu_count(),
                      include_dashboard=False, _node_ip_address="127.0.0.1",
                      logging_level="WARNING", log_to_driver=True, configure_logging=True)
         except BaseException:
@@ -116,7 +119,10 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self.timeout_s = config.cluster.timeout_s
         # a worker's full traceback, where its one-line error points
         self.error_log = Path(work_dir).resolve() / "worker_errors.log"
-        # File-based rendezvous: one machine's groups need no listening socket at all.
+        # On a local Ray every group's members are on this machine: they meet through files
+        # in the run directory, with no listening socket at all. On a cluster they meet at a
+        # store trainer rank 0 serves on its node's cluster address (`_rendezvous`).
+        self.across_nodes = config.cluster.address is not None
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
                                                dir=os.path.abspath(work_dir))
         self.trainers: list[Any] = []
@@ -137,7 +143,6 @@ class RayRuntime(RayCalls, WorkerReplacement):
         train_platform = role_platform_name(config, "train")
         rollout_platform = role_platform_name(config, "rollout")
         world = config.train.num_workers
-        init_method = f"file://{self.rendezvous_dir}/trainer_group"
         # Colocated: rollout worker i and trainer rank i take turns on device i (half of it
         # each as far as Ray is concerned; really all of it, one role at a time).
         self.colocated = config.cluster.placement == "colocated"
@@ -154,9 +159,11 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
                                                               self._group, rank),
                                              name=f"trainer-{rank}", namespace=self.namespace
-                                             ).remote(config, rank, world, init_method,
-                                                               model_path)
+                                             ).remote(config, rank, world, None, model_path)
                          for rank in range(world)]
+        group = self._rendezvous("trainer_group", world)
+        self._get_all([(f"trainer rank {r}", "start (trainer group, model)", t.start.remote(group))
+                       for r, t in enumerate(self.trainers)])
         if self.colocated:
             # The trainers' state waits in host memory before the engines sharing their
             # devices start, so each engine sizes its KV cache on a free device.
@@ -187,8 +194,9 @@ class RayRuntime(RayCalls, WorkerReplacement):
         # process of its engine where the engine takes the broadcast itself (vLLM's workers).
         ranks = self._each_worker([w.weight_ranks.remote(kind) for w in self.workers], kind, 1)
         offsets, world = weight_group_layout(ranks)
-        # a new file per connection: a replaced worker rebuilds the group for every member
-        rendezvous = f"file://{self.rendezvous_dir}/weight_channel.{self._channel_generation}"
+        # a new rendezvous per connection: a replaced worker rebuilds the group for every member
+        rendezvous = self._rendezvous(f"weight_channel.{self._channel_generation}", world) \
+            if self._resolved_channel_kind(kind) == "collective" else ""
         self._channel_generation += 1
         trainers = [(f"trainer rank {r}", "weight channel set-up",
                      t.connect_weight_channel.remote(kind, rendezvous, 0, world))
@@ -196,6 +204,22 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self._each_worker([w.connect_weight_channel.remote(kind, rendezvous, offset, world)
                            for w, offset in zip(self.workers, offsets)], kind, None)
         self._get_all(trainers)
+
+    def _rendezvous(self, name: str, world_size: int) -> str:
+        """Where a group of `world_size` members led by trainer rank 0 meets: a file of this
+        run on a local Ray, else the `tcp://` store rank 0 opens on its node for it."""
+        if not self.across_nodes:
+            return f"file://{self.rendezvous_dir}/{name}"
+        return self._get_all([("trainer rank 0", f"rendezvous ({name})",
+                               self.trainers[0].open_rendezvous.remote(world_size))])[0]
+
+    def _resolved_channel_kind(self, kind: str) -> str:
+        """What "auto" means for this run's two platforms (as each worker resolves it)."""
+        if kind != "auto":
+            return kind
+        train, rollout = (get_platform(role_platform_name(self.config, role),
+                                       require_available=False) for role in ("train", "rollout"))
+        return train.weight_channel_kind(rollout)
 
     def _weight_channel_kind(self) -> str:
         """As configured; colocated roles on one device cannot join one collective (a device

@@ -14,7 +14,9 @@ from ..core.losses import make_policy_loss
 from ..engines.registry import load_engine_class
 from ..engines.training.replica import GradientReplica
 from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_channel
+from ..hal.rendezvous import TcpStoreServer, make_store
 from ..scheduler.buckets import worker_batch_size
+from .node import node_address
 from .placement import role_platform_name
 
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ class RolloutWorker:
             return
         self.channel = open_weight_channel(self.train_platform, self.platform, rank=rank,
                                            world_size=world, rendezvous=rendezvous, kind=kind,
-                                           timeout_s=timeout_s)
+                                           timeout_s=timeout_s, address=node_address())
 
     async def load_weights(self, version: int, specs: list[WeightBucketSpec],
                            hold: bool = False) -> int:
@@ -180,21 +182,64 @@ class RolloutWorker:
 
 
 class TrainerRank:
-    def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str,
+    """One data-parallel rank of the trainer. Made in two steps, so that a group spanning
+    nodes can form: the constructor prepares the process; `start(rendezvous)` joins the
+    trainer group and builds the engines. The rendezvous is a `file://` path where every rank
+    is on one machine, or the `tcp://` URL rank 0 serves on its node (`open_rendezvous`),
+    passed to every rank by the runtime (hal/rendezvous.py). Given `init_method`, the
+    constructor starts at once (one process, tests)."""
+
+    def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str | None,
                  model_path: str) -> None:
         _prepare_process(config)
         self.config = config
-        self.rank = rank
+        self.rank, self.world = rank, world
+        self.model_path = model_path
         self.platform = get_platform(role_platform_name(config, "train"))
         self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
                                              require_available=False)
+        self._servers: dict[str, TcpStoreServer] = {}  # tcp rendezvous rank 0 serves
+        self._channel_rendezvous: str | None = None  # the weight channel's
+        self.channel: WeightChannel | None = None
+        self._outgoing: list[dict[str, torch.Tensor]] = []  # buckets awaiting send_weights
+        if init_method is not None:
+            self.start(init_method)
+
+    def open_rendezvous(self, world_size: int) -> str:
+        """Rank 0 of a group spanning nodes: serve its store on this node's cluster address;
+        returns the `tcp://` URL every member joins with."""
+        address = node_address()
+        if address is None:
+            raise RuntimeError("a tcp rendezvous needs the node's cluster address; this "
+                               "process is not part of a Ray cluster")
+        server = TcpStoreServer(address, world_size, self.config.cluster.timeout_s)
+        self._servers[server.url] = server
+        return server.url
+
+    def _store(self, rendezvous: str, rank: int, world_size: int):
+        """This member's store for a `tcp://` rendezvous (None for `file://`: the group
+        makes its own)."""
+        if not rendezvous.startswith("tcp://"):
+            return None
+        if rank == 0:
+            return self._servers[rendezvous].store
+        return make_store(rendezvous, rank, world_size, self.config.cluster.timeout_s)
+
+    def start(self, rendezvous: str) -> None:
+        """Join the trainer group at `rendezvous` and build the training engine (and the KL
+        reference)."""
+        config, rank, world = self.config, self.rank, self.world
         train, algo = config.train, config.algorithm
         temperature = _sampling_temperature(config)
         engine_cls = load_engine_class("train", train.engine)
+        store = self._store(rendezvous, rank, world)
+        if store is not None:  # the engine finds the group joined, and leaves it be
+            self.platform.init_process_group(rank, world, None, config.cluster.timeout_s,
+                                             store=store, address=node_address())
 
         def build(**optimizer):
-            return engine_cls(model_path, self.platform, rank=rank, world_size=world,
-                              init_method=init_method, micro_batch_size=train.micro_batch_size,
+            return engine_cls(self.model_path, self.platform, rank=rank, world_size=world,
+                              init_method=rendezvous, micro_batch_size=train.micro_batch_size,
                               seed=config.seed, temperature=temperature,
                               local=config.cluster.address is None,
                               timeout_s=config.cluster.timeout_s, **optimizer)
@@ -205,8 +250,6 @@ class TrainerRank:
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
         self.reference = build() if algo.kl_coef > 0 else None
-        self.channel: WeightChannel | None = None
-        self._outgoing: list[dict[str, torch.Tensor]] = []  # buckets awaiting send_weights
 
     def train(self, batch: TrainBatch, replica_results: list | None = None,
               replica_tokens: int = 0) -> dict[str, float]:
@@ -261,9 +304,17 @@ class TrainerRank:
         if self.rank == 0:
             if self.channel is not None:  # a rebuilt group (a lost worker was replaced)
                 self.channel.close()
+            # The previous channel's store goes with it. A group's store stays up for as long
+            # as the group lives: NCCL / HCCL communicators form lazily, at the first
+            # collective, through it.
+            if self._channel_rendezvous in self._servers:
+                self._servers.pop(self._channel_rendezvous).close()
+            self._channel_rendezvous = rendezvous
+            store = self._store(rendezvous, rank, world)
             self.channel = open_weight_channel(self.platform, self.rollout_platform, rank=rank,
                                                world_size=world, rendezvous=rendezvous,
-                                               kind=kind, timeout_s=self.config.cluster.timeout_s)
+                                               kind=kind, timeout_s=self.config.cluster.timeout_s,
+                                               store=store, address=node_address())
 
     def describe_weights(self) -> list[WeightBucketSpec]:
         """Host channels: the buckets themselves (rank 0); collective: after `send_weights`."""
