@@ -31,6 +31,13 @@ class ClusterConfig:
     # (runtime/local.py); no elastic pool, worker replacement or colocation.
     # auto: local when the job fits one process (`EddyConfig.runtime_kind`), else ray.
     runtime: RuntimeKind = "auto"
+    # On a cluster (`address` set): whether every node sees the same files at these paths.
+    # shared_model: actors read model.path where it is; else the driver ships the model's
+    # files through Ray's object store, written once per node into a node-local cache.
+    shared_model: bool = False
+    # shared_run_dir: trainer ranks write checkpoints into run_dir themselves; else each rank
+    # saves on its node's own disk and the driver writes the files it collects from them.
+    shared_run_dir: bool = False
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:

@@ -25,6 +25,7 @@ from .placement import role_platform_name
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
+from .node_files import DirectoryShipment
 from .ray_session import LocalRaySession
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
 
@@ -123,6 +124,9 @@ class RayRuntime(RayCalls, WorkerReplacement):
         # in the run directory, with no listening socket at all. On a cluster they meet at a
         # store trainer rank 0 serves on its node's cluster address (`_rendezvous`).
         self.across_nodes = config.cluster.address is not None
+        # Checkpoints: the ranks write run_dir themselves where every node sees it; else they
+        # save on their own nodes and the driver writes what it collects (`save`, `load`).
+        self.ship_checkpoints = self.across_nodes and not config.cluster.shared_run_dir
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
                                                dir=os.path.abspath(work_dir))
         self.trainers: list[Any] = []
@@ -143,6 +147,9 @@ class RayRuntime(RayCalls, WorkerReplacement):
         train_platform = role_platform_name(config, "train")
         rollout_platform = role_platform_name(config, "rollout")
         world = config.train.num_workers
+        # A cluster's nodes may not see the driver's files: the model goes to them as data.
+        model = DirectoryShipment.from_path(model_path, shared=config.cluster.shared_model) \
+            if self.across_nodes else model_path
         # Colocated: rollout worker i and trainer rank i take turns on device i (half of it
         # each as far as Ray is concerned; really all of it, one role at a time).
         self.colocated = config.cluster.placement == "colocated"
@@ -159,7 +166,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
                                                               self._group, rank),
                                              name=f"trainer-{rank}", namespace=self.namespace
-                                             ).remote(config, rank, world, None, model_path)
+                                             ).remote(config, rank, world, None, model)
                          for rank in range(world)]
         group = self._rendezvous("trainer_group", world)
         self._get_all([(f"trainer rank {r}", "start (trainer group, model)", t.start.remote(group))
@@ -173,7 +180,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
             **actor_options(rollout_platform, cpus, share, self._group, index)
-        ).remote(config, index, model_path)
+        ).remote(config, index, model)
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
         self._incarnations = [0] * len(self.workers)
         self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
@@ -356,17 +363,45 @@ class RayRuntime(RayCalls, WorkerReplacement):
     async def save(self, path: str) -> None:
         if self.colocated:  # the trainers gather their state on the devices
             await self._hand_devices_to("train")
-        await self._all([(f"trainer rank {r}", f"save to {path}", t.save.remote(path))
-                         for r, t in enumerate(self.trainers)])
+        if self.ship_checkpoints:
+            await self._save_through_driver(path)
+        else:
+            await self._all([(f"trainer rank {r}", f"save to {path}", t.save.remote(path))
+                             for r, t in enumerate(self.trainers)])
         if self.colocated:
             await self._hand_devices_to("rollout")
 
+    async def _save_through_driver(self, path: str) -> None:
+        """Each rank saves on its node's disk; from one rank per node the driver collects the
+        files (through the object store) and writes them into `path`, which the caller then
+        renames into place (checkpoints.write); the nodes' copies are removed."""
+        name = f"{self.namespace}-{uuid.uuid4().hex[:8]}"
+        ranks = list(enumerate(self.trainers))
+        local = await self._all([(f"trainer rank {r}", "save on its node",
+                                  t.save_on_node.remote(name)) for r, t in ranks])
+        nodes = await self._all([(f"trainer rank {r}", "node address",
+                                  t.node_address.remote()) for r, t in ranks])
+        first_on_node = {node: rank for rank, node in reversed(list(enumerate(nodes)))}
+        try:
+            shipments = await self._all([(f"trainer rank {r}", f"checkpoint files ({nodes[r]})",
+                                          self.trainers[r].collect.remote(local[r]))
+                                         for r in sorted(first_on_node.values())])
+            for shipment in shipments:  # blocking reads of the object store: off the loop
+                await asyncio.to_thread(shipment.write_into, path)
+        finally:
+            await self._all([(f"trainer rank {r}", "discard its node's copy",
+                              self.trainers[r].discard.remote(local[r]))
+                             for r in sorted(first_on_node.values())])
+
     async def load(self, path: str) -> None:
         """Every trainer rank loads a checkpoint `save` wrote (weights, optimizer, RNG); the
-        rollout workers get the weights with the next `sync_weights`."""
+        rollout workers get the weights with the next `sync_weights`. On a cluster without a
+        shared run directory the checkpoint's files go to the ranks through the object store."""
         if self.colocated:  # as in `save`: the trainers' state is on the devices meanwhile
             await self._hand_devices_to("train")
-        await self._all([(f"trainer rank {r}", f"load from {path}", t.load.remote(path))
+        checkpoint = await asyncio.to_thread(DirectoryShipment.from_path, path) \
+            if self.ship_checkpoints else path
+        await self._all([(f"trainer rank {r}", f"load from {path}", t.load.remote(checkpoint))
                          for r, t in enumerate(self.trainers)])
         if self.colocated:
             await self._hand_devices_to("rollout")

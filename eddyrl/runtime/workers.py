@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, AsyncIterator
 
 import torch
@@ -17,10 +19,17 @@ from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_cha
 from ..hal.rendezvous import TcpStoreServer, make_store
 from ..scheduler.buckets import worker_batch_size
 from .node import node_address
+from .node_files import DirectoryShipment, collect_directory
 from .placement import role_platform_name
 
 if TYPE_CHECKING:
     from ..config import EddyConfig
+
+
+def local_model_dir(model: str | DirectoryShipment) -> str:
+    """The model's directory on this node: the path itself on one machine or a shared
+    filesystem, else this node's copy of the driver's (written once per node)."""
+    return model.materialize() if isinstance(model, DirectoryShipment) else model
 
 
 def _prepare_process(config: EddyConfig) -> None:
@@ -34,10 +43,10 @@ class RolloutWorker:
     """Generates with an inference engine; lent to training by the elastic pool, it also holds
     a gradient replica (`join_training`) and its engine sleeps until `leave_training`."""
 
-    def __init__(self, config: EddyConfig, index: int, model_path: str) -> None:
+    def __init__(self, config: EddyConfig, index: int, model: str | DirectoryShipment) -> None:
         _prepare_process(config)
         self.config = config
-        self.model_path = model_path
+        self.model_path = model_path = local_model_dir(model)
         self.replica: GradientReplica | None = None
         self.platform = get_platform(role_platform_name(config, "rollout"))
         self.train_platform = get_platform(role_platform_name(config, "train"),
@@ -190,11 +199,11 @@ class TrainerRank:
     constructor starts at once (one process, tests)."""
 
     def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str | None,
-                 model_path: str) -> None:
+                 model: str | DirectoryShipment) -> None:
         _prepare_process(config)
         self.config = config
         self.rank, self.world = rank, world
-        self.model_path = model_path
+        self.model_path = local_model_dir(model)
         self.platform = get_platform(role_platform_name(config, "train"))
         self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
                                              require_available=False)
@@ -335,8 +344,35 @@ class TrainerRank:
     def save(self, path: str) -> None:
         self.engine.save(path)
 
-    def load(self, path: str) -> None:
-        self.engine.load(path)
+    # ---- checkpoints on a cluster without a shared run directory ---------------------------
+    def save_on_node(self, name: str) -> str:
+        """Save into `name` under this node's temporary directory (each rank writes its own
+        files there); returns the path. The driver collects the nodes' files after."""
+        path = os.path.join(tempfile.gettempdir(), "eddy-checkpoints", name)
+        self.engine.save(path, node_local=True)
+        return path
+
+    def node_address(self) -> str | None:
+        return node_address()
+
+    def collect(self, path: str) -> DirectoryShipment:
+        """What this node holds of a `save_on_node`, as data for the driver."""
+        return collect_directory(path)
+
+    def discard(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, checkpoint: str | DirectoryShipment) -> None:
+        """Load a checkpoint: a path every rank sees, or the driver's files shipped here (read
+        from a private copy on this node, removed after)."""
+        if not isinstance(checkpoint, DirectoryShipment):
+            self.engine.load(checkpoint)
+            return
+        local = tempfile.mkdtemp(prefix="eddy-resume-")
+        try:
+            self.engine.load(checkpoint.materialize(into=local))
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
 
     # ---- colocated placement: the device is the rollout engine's between training steps -----
     def offload(self) -> None:

@@ -52,8 +52,11 @@ class TrainEngine(abc.ABC):
         Collective; only rank 0 yields tensors."""
 
     @abc.abstractmethod
-    def save(self, path: str) -> None:
-        """HF safetensors model (plain transformers loads it) + optimizer state."""
+    def save(self, path: str, *, node_local: bool = False) -> None:
+        """HF safetensors model (plain transformers loads it) + optimizer state, in `path`,
+        which appears whole. `node_local`: `path` is on this node's own disk, not on one every
+        rank sees (a cluster without a shared run directory): each rank writes its own files
+        there and nothing is renamed; the runtime collects them from the nodes."""
 
     @abc.abstractmethod
     def load(self, path: str) -> None:

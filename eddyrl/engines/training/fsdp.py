@@ -264,13 +264,14 @@ class FSDPTrainEngine(TrainEngine):
             yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
     # ---- checkpoints --------------------------------------------------------------------
-    def save(self, path: str) -> None:
+    def save(self, path: str, *, node_local: bool = False) -> None:
         final = os.path.abspath(path)
-        staging = final + ".tmp"
+        staging = final if node_local else final + ".tmp"
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
             os.makedirs(staging)
         hd.barrier()
+        os.makedirs(staging, exist_ok=True)  # on a node of its own, a rank makes its own
         full = get_model_state_dict(self.model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))  # collective; rank 0 gets the tensors
         # Before the first step the optimizer has no state; asking for its state dict would
@@ -287,7 +288,8 @@ class FSDPTrainEngine(TrainEngine):
                     shutil.copy2(source, staging)
             with open(os.path.join(staging, ENGINE_STATE_FILE), "w") as f:
                 json.dump({"version": self.version, "optimizer_state": has_optim}, f)
-            _replace_dir(staging, final)
+            if not node_local:
+                _replace_dir(staging, final)
         hd.barrier()
 
     def load(self, path: str) -> None:
