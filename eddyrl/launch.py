@@ -236,6 +236,9 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
                    if isinstance(runtime, Recoverable) else 0,
                    rollout_busy_s=sum(s.busy_seconds for s in stats),
                    rollout_worker_tokens=[s.tokens_generated for s in stats])
+    placement = getattr(getattr(runtime, "runtime", runtime), "placement", None)  # traced
+    if placement:  # on a cluster: each actor's node, as it started
+        summary["placement"] = placement
     # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and
     # everything else a resume needs.
     summary["run_checkpoint"] = str(await resume.save_final(

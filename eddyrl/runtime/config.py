@@ -10,6 +10,9 @@ from ..validation import check_choice, check_range
 
 
 Placement = Literal["split", "colocated"]
+# How a role's actors spread over a cluster's nodes (Ray placement-group strategies); "any":
+# no group, Ray's own scheduling (one machine needs nothing more).
+Strategy = Literal["any", "pack", "spread", "strict_pack", "strict_spread"]
 RuntimeKind = Literal["auto", "ray", "local"]
 
 
@@ -38,6 +41,12 @@ class ClusterConfig:
     # shared_run_dir: trainer ranks write checkpoints into run_dir themselves; else each rank
     # saves on its node's own disk and the driver writes the files it collects from them.
     shared_run_dir: bool = False
+    # Over a cluster's nodes: trainer ranks packed (the data-parallel group on the fewest
+    # nodes: fast links) or spread; rollout workers likewise. With colocated placement each
+    # bundle already holds a pair (rollout worker i, trainer rank i): train_strategy places
+    # the bundles.
+    train_strategy: Strategy = "any"
+    rollout_strategy: Strategy = "any"
 
     def validate(self, prefix: str) -> None:
         if self.num_cpus is not None:
@@ -46,6 +55,13 @@ class ClusterConfig:
         check_range(f"{prefix}.timeout_s", self.timeout_s, 0, lo_open=True)
         check_choice(f"{prefix}.placement", self.placement, get_args(Placement))
         check_choice(f"{prefix}.runtime", self.runtime, get_args(RuntimeKind))
+        for key in ("train_strategy", "rollout_strategy"):
+            check_choice(f"{prefix}.{key}", getattr(self, key), get_args(Strategy))
+        if self.placement == "colocated" and self.rollout_strategy != "any":
+            raise ConfigError(f"{prefix}.placement = colocated keeps rollout worker i with "
+                              f"trainer rank i: {prefix}.rollout_strategy = "
+                              f"{self.rollout_strategy} cannot place them apart; set "
+                              f"{prefix}.train_strategy for both")
         if self.runtime == "local" and self.address is not None:
             raise ConfigError(f"{prefix}.runtime = local runs in this process; "
                               f"{prefix}.address = {self.address!r} joins a Ray cluster: "

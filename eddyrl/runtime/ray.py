@@ -23,7 +23,7 @@ from ..hal import get_platform
 from ..stopping import sigterm_as_interrupt
 from .placement import role_platform_name
 from .ray_calls import RayCalls
-from .ray_placement import actor_options, check_split_devices, colocation_group
+from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
 from .node_files import DirectoryShipment
 from .ray_session import LocalRaySession
@@ -112,6 +112,7 @@ def stop_ray() -> None:
 
 class RayRuntime(RayCalls, WorkerReplacement):
     workers: list[Any]  # each rollout worker's actor handle
+    placement: dict[str, list[str | None]] | None = None  # on a cluster: each actor's node
 
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
         self.session = start_ray(config)  # None when joining a cluster: nothing watched
@@ -158,13 +159,18 @@ class RayRuntime(RayCalls, WorkerReplacement):
         if not self.colocated and config.cluster.address is None:
             check_split_devices(config, {"train": train_platform, "rollout": rollout_platform})
         share = 0.5 if self.colocated else 1.0
+        # split: each role's actors placed over the cluster's nodes as configured (or not)
+        self._role_groups = {} if self.colocated else {
+            role: role_group(config, role, platform, cpus)
+            for role, platform in (("train", train_platform), ("rollout", rollout_platform))}
+        groups = {role: self._role_groups.get(role, self._group) for role in ("train", "rollout")}
         # Actors are named (`trainer-<rank>`, `rollout-<index>.<incarnation>`: what `ray list
         # actors` shows) in a namespace of this run's own, so runs sharing a cluster never clash.
         self.namespace = f"eddy-{uuid.uuid4().hex[:12]}"
         self._switch_s = 0.0  # colocated hand-over time not yet reported in a step's metrics
         trainer_cls = ray.remote(TrainerRank)
         self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
-                                                              self._group, rank),
+                                                              groups["train"], rank),
                                              name=f"trainer-{rank}", namespace=self.namespace
                                              ).remote(config, rank, world, None, model)
                          for rank in range(world)]
@@ -179,7 +185,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         # the incarnation counts a rollout worker's replacements after losses
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
-            **actor_options(rollout_platform, cpus, share, self._group, index)
+            **actor_options(rollout_platform, cpus, share, groups["rollout"], index)
         ).remote(config, index, model)
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
         self._incarnations = [0] * len(self.workers)
@@ -187,6 +193,14 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self.weights = PublishedWeights()  # what a replacement may take, and when
         self._channel_generation = 0
         self._connect_weight_channel()
+        if self.across_nodes:  # where each actor landed, for the summary (and the user)
+            self.placement = {
+                "trainer": self._get_all([(f"trainer rank {r}", "node address",
+                                           t.node_address.remote())
+                                          for r, t in enumerate(self.trainers)]),
+                "rollout": self._get_all([(f"rollout worker {i}", "node address",
+                                           w.node_address.remote())
+                                          for i, w in enumerate(self.workers)])}
 
     # ---- calls with names and deadlines: `_call`, `_get_all` (ray_calls.py) ----------------
     async def _all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
@@ -422,10 +436,12 @@ class RayRuntime(RayCalls, WorkerReplacement):
         lost = self.session is not None and self.session.lost() is not None
         for actor in self.trainers + self.workers if not lost else ():  # gone with the raylet
             ray.kill(actor)
-        if self._group is not None and not lost:
+        groups = [self._group, *getattr(self, "_role_groups", {}).values()]
+        if not lost:
             from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self._group)
+            for group in filter(None, groups):
+                remove_placement_group(group)
         if self.config.cluster.address is None:
             stop_ray()
         shutil.rmtree(self.rendezvous_dir, ignore_errors=True)

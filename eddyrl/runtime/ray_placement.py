@@ -52,9 +52,6 @@ def check_split_devices(config: EddyConfig, platforms: dict[str, str]) -> None:
 def colocation_group(config: EddyConfig, platform_name: str, cpus: float) -> Any:
     """One placement-group bundle per device, holding rollout worker i and trainer rank i:
     without it, fractional requests could put two trainer ranks on one device."""
-    import ray
-    from ray.util.placement_group import placement_group
-
     pairs = config.rollout.num_workers
     if pairs != config.train.num_workers:
         raise ConfigError(
@@ -63,12 +60,39 @@ def colocation_group(config: EddyConfig, platform_name: str, cpus: float) -> Any
             f"{config.train.num_workers}; make them equal")
     platform = get_platform(platform_name, require_available=False)
     bundle = {"CPU": 2 * cpus, **platform.ray_bundle(1)}
-    group = placement_group([dict(bundle) for _ in range(pairs)], strategy="PACK")
+    strategy = config.cluster.train_strategy
+    return _reserved([dict(bundle) for _ in range(pairs)],
+                     "PACK" if strategy == "any" else strategy.upper(),
+                     f"cluster.placement = colocated ({pairs} pair(s))", config)
+
+
+def role_group(config: EddyConfig, role: str, platform_name: str, cpus: float) -> Any:
+    """Split placement on a cluster: one bundle per actor of `role` ("train", "rollout"),
+    placed by `cluster.<role>_strategy` (None for "any": Ray's own scheduling). Actor i takes
+    bundle i; a replaced worker takes its predecessor's."""
+    strategy = getattr(config.cluster, f"{role}_strategy")
+    if strategy == "any":
+        return None
+    platform = get_platform(platform_name, require_available=False)
+    bundle = {"CPU": cpus, **platform.ray_bundle(1)}
+    count = getattr(config, role).num_workers
+    return _reserved([dict(bundle) for _ in range(count)], strategy.upper(),
+                     f"cluster.{role}_strategy = {strategy} ({count} {role} actor(s))", config)
+
+
+def _reserved(bundles: list[dict], strategy: str, what: str, config: EddyConfig) -> Any:
+    """A placement group of `bundles` by `strategy`, reserved, or an error saying why not."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group(bundles, strategy=strategy)
     try:
         ray.get(group.ready(), timeout=config.cluster.timeout_s)
     except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
         raise ConfigError(
-            f"cluster.placement = colocated needs {pairs} bundle(s) of {bundle}; Ray could not "
-            f"reserve them within {config.cluster.timeout_s:.0f} s (cluster resources: "
-            f"{ray.cluster_resources()})") from None
+            f"{what} needs {len(bundles)} bundle(s) of {bundles[0]} placed {strategy}; Ray "
+            f"could not reserve them within {config.cluster.timeout_s:.0f} s (cluster.timeout_s;"
+            f" {nodes} node(s) alive, resources {ray.cluster_resources()})") from None
     return group

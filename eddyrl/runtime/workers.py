@@ -176,6 +176,9 @@ class RolloutWorker:
     def stats(self):
         return self.engine.stats()
 
+    def node_address(self) -> str | None:
+        return node_address()
+
     def configure(self, max_batch_size: int, partial_rollout: bool) -> int:
         """The adaptive scheduler's generation plan; returns the version the engine hosts."""
         self.engine.configure(max_batch_size=max_batch_size, partial_rollout=partial_rollout)
