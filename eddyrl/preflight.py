@@ -77,7 +77,9 @@ def preflight(config: EddyConfig) -> str:
     - lengths: `rollout.max_new_tokens`, and `data.max_prompt_tokens` plus it, within the
       model's max_position_embeddings (`check_lengths`);
     - the engines: `rollout.engine` and `train.engine` installed and importable
-      (`check_engine`: "vLLM is not installed").
+      (`check_engine`: "vLLM is not installed");
+    - a cluster to join (`cluster.address` host:port): something answers there as a gRPC
+      server, within seconds (`runtime.ray_connect`; the data is not generated for nothing).
 
     The platforms are checked by `runtime.placement.resolve_role_platforms`, the tokenizer
     against the model and the data files by `launch.prepare` (also before Ray starts). Returns
@@ -86,4 +88,10 @@ def preflight(config: EddyConfig) -> str:
     check_lengths(config, model_path)
     check_engine("rollout", config.rollout.engine)
     check_engine("train", config.train.engine)
+    address = config.cluster.address
+    if address is not None and address != "auto" and config.runtime_kind() == "ray":
+        from .runtime.ray_connect import check_grpc, check_reachable
+
+        check_reachable(address)
+        check_grpc(address)
     return model_path

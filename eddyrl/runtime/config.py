@@ -62,6 +62,10 @@ class ClusterConfig:
                               f"trainer rank i: {prefix}.rollout_strategy = "
                               f"{self.rollout_strategy} cannot place them apart; set "
                               f"{prefix}.train_strategy for both")
+        if self.address is not None and self.address != "auto":
+            from .ray_connect import split_address
+
+            split_address(self.address)  # host:port, or an error naming the value
         if self.runtime == "local" and self.address is not None:
             raise ConfigError(f"{prefix}.runtime = local runs in this process; "
                               f"{prefix}.address = {self.address!r} joins a Ray cluster: "

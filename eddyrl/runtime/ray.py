@@ -25,6 +25,7 @@ from .placement import role_platform_name
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
+from . import ray_connect
 from .node_files import DirectoryShipment
 from .ray_session import LocalRaySession
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
@@ -61,6 +62,8 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         # from them: on the 2-core VM with two busy loops, a test suite's e2e runs stalled.
         # A user's own setting wins.
         os.environ.setdefault("RAY_worker_niceness", "0")
+    else:
+        ray_connect.prepare_join(config.cluster.address)
     import ray
 
     if ray.is_initialized():
@@ -93,7 +96,7 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         session.started()
         _session = session
     else:
-        ray.init(address=config.cluster.address, logging_level="WARNING")
+        ray_connect.join(config.cluster.address)
     sigterm_as_interrupt()  # after ray.init, which sets its own (a stack dump and an abort)
     return _session
 
