@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Sequence
 
-from .errors import EddyError
+from .errors import EddyError, WorkerCallError, WorkerLost
 
 
 def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -64,6 +64,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
             summary_path = train(config, on_step=on_step)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`stopping.py`): the run has shut down
         return _stopped(config, max(finished, default=0))
+    except (WorkerCallError, WorkerLost) as exc:  # a worker's process (or node) lost mid-run
+        raise WorkerCallError(f"{exc}; {_how_to_go_on(config)}") from None
     summary = json.loads(summary_path.read_text())
     if summary.get("resumed_from"):
         console.print(f"resumed from {summary['resumed_from']} (step {summary['resumed_step']}, "
@@ -79,28 +81,33 @@ def _stopped(config, step: int) -> int:
     """One line for a run stopped by a signal: where, and how to go on; the exit status a
     shell gives a process that signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
     import logging
-    from pathlib import Path
 
     from . import stopping
-    from .checkpoints import step_of
-    from .resume import CHECKPOINTS
 
     signum = stopping.stop_signal()
     # tasks the stop cancelled report themselves destroyed as the interpreter exits: expected
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    where = f"at step {step}" if step else "before its first step"
+    print(f"eddy: stopped {where} ({signum.name}); {_how_to_go_on(config)}", file=sys.stderr)
+    return stopping.exit_status(signum)
+
+
+def _how_to_go_on(config) -> str:
+    """After a run ended early: the resume command, from the newest checkpoint on disk."""
+    from pathlib import Path
+
+    from .checkpoints import step_of
+    from .resume import CHECKPOINTS
+
     root = Path(config.run_dir) / CHECKPOINTS
     saved = sorted(s for s in map(step_of, root.iterdir()) if s is not None) \
         if root.is_dir() else []
     if saved:
-        how = (f"resume with resume=auto run_dir={config.run_dir} (its newest checkpoint is "
-               f"step {saved[-1]})")
-    else:
-        how = ("no checkpoint was written yet" + (" (checkpoint.every=0 writes one at the end "
-               "only)" if not config.checkpoint.every else "") + ", so resume=auto has nothing "
-               "to go on from; set checkpoint.every=N to make a run resumable")
-    where = f"at step {step}" if step else "before its first step"
-    print(f"eddy: stopped {where} ({signum.name}); {how}", file=sys.stderr)
-    return stopping.exit_status(signum)
+        return (f"resume with resume=auto run_dir={config.run_dir} (its newest checkpoint is "
+                f"step {saved[-1]})")
+    return ("no checkpoint was written yet" + (" (checkpoint.every=0 writes one at the end "
+            "only)" if not config.checkpoint.every else "") + ", so resume=auto has nothing "
+            "to go on from; set checkpoint.every=N to make a run resumable")
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:

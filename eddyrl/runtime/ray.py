@@ -447,6 +447,8 @@ class RayRuntime(RayCalls, WorkerReplacement):
                 remove_placement_group(group)
         if self.config.cluster.address is None:
             stop_ray()
+        else:  # the driver leaves the cluster (which goes on): its workers' forwarded log
+            ray.shutdown()  # lines stop here, not after the run's last line
         shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
 
 
