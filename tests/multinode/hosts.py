@@ -55,6 +55,7 @@ import os
 import re
 import secrets
 import selectors
+import shlex
 import shutil
 import subprocess
 import sys
@@ -79,7 +80,23 @@ HOST_WORKDIR = "/tmp/work"  # per host: the default working directory of its com
 SUBNETS = ("10.213.71.0/24", "10.213.171.0/24", "172.29.213.0/24", "192.168.213.0/24")
 JSON_MARK = "MULTINODE_JSON "  # the line `RayCluster.driver_json` reads back
 START_TIMEOUT_S = 240.0  # for the whole cluster: `ray start` takes 30-60 s on a busy 2-core VM
-_STRIPPED_ENV = ("RAY_", "PYTEST_")  # not passed to a host: the test process's own Ray, etc.
+# Not passed to a host: the test process's own Ray, etc., and the collective libraries'
+# interface variables (tests run in this process set them to loopback: a host's gloo would
+# then listen on its loopback, and its peer on the other host could never connect).
+_STRIPPED_ENV = ("RAY_", "PYTEST_", "GLOO_SOCKET_", "NCCL_SOCKET_", "HCCL_SOCKET_", "HCCL_IF_IP")
+
+
+def _code_under_tmp() -> list[str]:
+    """The software a host must see that lives under /tmp (a checkout, its venv, PYTHONPATH
+    entries: CI may clone there): each host's private /tmp would hide it, so the anchor binds
+    it back, at the same path (it plays the software installed on every node, like /work)."""
+    import eddyrl
+
+    paths = {os.path.realpath(sys.prefix), str(Path(eddyrl.__file__).resolve().parents[1])}
+    paths |= {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if p}
+    under = sorted(p for p in paths if p.startswith("/tmp/") and os.path.isdir(p))
+    return [p for p in under if not any(p.startswith(q + "/") for q in under)]  # outermost
 
 
 class HostError(RuntimeError):
@@ -303,8 +320,15 @@ class Host:
     # ---- life ------------------------------------------------------------------------------
     def _start_anchor(self, tmp_size: str | None, timeout: float) -> None:
         options = "mode=1777" + (f",size={tmp_size}" if tmp_size else "")
-        script = (f"mount -t tmpfs -o {options} eddy-host-{self.label.lower()} /tmp && "
-                  f"mkdir -p {self.home} {self.workdir} && "
+        code = _code_under_tmp()
+        # the outside /tmp kept at /mnt (in this namespace only) while the tmpfs covers /tmp,
+        # to bind the code back from
+        keep = "mount --bind /tmp /mnt && " if code else ""
+        restore = "".join(f"mkdir -p {shlex.quote(p)} && mount --bind "
+                          f"{shlex.quote('/mnt' + p[len('/tmp'):])} {shlex.quote(p)} && "
+                          for p in code) + ("umount /mnt && " if code else "")
+        script = (f"{keep}mount -t tmpfs -o {options} eddy-host-{self.label.lower()} /tmp && "
+                  f"{restore}mkdir -p {self.home} {self.workdir} && "
                   # this private copy of the mount table holds every netns bound under
                   # /run/netns when it was made (other sessions' too): dropped, so that none
                   # is kept alive by this host after its `ip netns del`
@@ -335,7 +359,8 @@ class Host:
         if self.anchor is None or self.anchor.poll() is not None:
             return None
         done = subprocess.run(["nsenter", f"--mount=/proc/{self.anchor.pid}/ns/mnt", "--",
-                               "umount", "/tmp"], capture_output=True, text=True, timeout=60)
+                               "umount", "--recursive", "/tmp"], capture_output=True,
+                              text=True, timeout=60)  # with the code bound back under it
         if done.returncode != 0:
             return f"umount of host {self.label}'s /tmp: {done.stderr.strip()}"
         return None
