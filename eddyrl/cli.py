@@ -65,6 +65,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`stopping.py`): the run has shut down
         return _stopped(config, max(finished, default=0))
     except (WorkerCallError, WorkerLost) as exc:  # a worker's process (or node) lost mid-run
+        import logging
+
+        # the run's tasks cut short report themselves destroyed as the interpreter exits,
+        # after the error line: expected, as for a stop
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         raise WorkerCallError(f"{exc}; {_how_to_go_on(config)}") from None
     summary = json.loads(summary_path.read_text())
     if summary.get("resumed_from"):

@@ -204,6 +204,9 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
 
         runtime = base_runtime = RayRuntime(config, model_path, str(run_dir))
     stack.callback(base_runtime.shutdown)
+    if getattr(base_runtime, "placement", None):  # on a cluster: where each actor started,
+        # at once (a run that ends early still tells); the summary repeats it
+        (run_dir / "placement.json").write_text(json.dumps(base_runtime.placement, indent=2))
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)
@@ -237,7 +240,7 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
                    rollout_busy_s=sum(s.busy_seconds for s in stats),
                    rollout_worker_tokens=[s.tokens_generated for s in stats])
     placement = getattr(getattr(runtime, "runtime", runtime), "placement", None)  # traced
-    if placement:  # on a cluster: each actor's node, as it started
+    if placement:  # on a cluster: each actor's node, as it started (also placement.json)
         summary["placement"] = placement
     # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and
     # everything else a resume needs.
