@@ -80,6 +80,7 @@ HOST_WORKDIR = "/tmp/work"  # per host: the default working directory of its com
 SUBNETS = ("10.213.71.0/24", "10.213.171.0/24", "172.29.213.0/24", "192.168.213.0/24")
 JSON_MARK = "MULTINODE_JSON "  # the line `RayCluster.driver_json` reads back
 START_TIMEOUT_S = 240.0  # for the whole cluster: `ray start` takes 30-60 s on a busy 2-core VM
+START_ATTEMPTS = 3  # `ray start` of a cluster (RayCluster.start says why more than one)
 # Not passed to a host: the test process's own Ray, etc., and the collective libraries'
 # interface variables (tests run in this process set them to loopback: a host's gloo would
 # then listen on its loopback, and its peer on the other host could never connect).
@@ -638,9 +639,22 @@ class RayCluster:
                             f"{log.read_text()[-4000:]}\n{self.ray_logs(host)}")
 
     def start(self) -> RayCluster:
-        """Start the head, then the worker node; return once both are alive (within
-        `timeout` in all, HostError with Ray's logs if not)."""
+        """Start the head, then the worker node; return once both are alive. Each attempt
+        has `timeout` in all; a failed one is killed and started again, START_ATTEMPTS times
+        in all, then HostError with Ray's logs. Why: `ray start` gives a node a fixed 30 s to
+        register with the GCS (ray/_private/node.py, not configurable), and on a loaded 2-core
+        machine the GCS's event loop was measured 41 s behind: the start failed, the cluster
+        itself was fine."""
         self._write_token()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except HostError:
+                self.hosts.stop_processes()  # what this attempt left, by PID, before the next
+                if attempt == START_ATTEMPTS:
+                    raise
+
+    def _start_once(self) -> RayCluster:
         began = time.monotonic()
 
         def left() -> float:  # each step gets what is left, and never less than 30 s
