@@ -396,8 +396,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         ranks = list(enumerate(self.trainers))
         local = await self._all([(f"trainer rank {r}", "save on its node",
                                   t.save_on_node.remote(name)) for r, t in ranks])
-        nodes = await self._all([(f"trainer rank {r}", "node address",
-                                  t.node_address.remote()) for r, t in ranks])
+        nodes = self.placement["trainer"]  # the ranks' nodes, asked once at start
         first_on_node = {node: rank for rank, node in reversed(list(enumerate(nodes)))}
         try:
             shipments = await self._all([(f"trainer rank {r}", f"checkpoint files ({nodes[r]})",
