@@ -28,7 +28,8 @@ def platforms_table(rows: list[dict], chosen: str) -> None:
     console.print(table)
     for row in rows:
         detail = row["device_name"] if row["available"] else f"unavailable: {row['reason']}"
-        console.print(f"  {row['name']}: {detail}", highlight=False, markup=False)
+        console.print(f"  {row['name']}: {detail}", highlight=False, markup=False,
+                      soft_wrap=True)  # one line each, however long the reason
 
 
 class TrainProgress:

@@ -76,6 +76,8 @@ class Platform:
     description: ClassVar[str] = ""
     # Detection picks the available platform with the highest priority; None = only by name.
     detect_priority: ClassVar[int | None] = None
+    _bound_index: int | None = None  # set by `bind_device`, per instance
+    _broken: str | None = None  # why a hook that raised made this platform unusable
 
     # ---- identity -------------------------------------------------------------------------
     def module(self) -> Any:
@@ -93,31 +95,55 @@ class Platform:
             return f"{type(exc).__name__}: {exc}"
         return None if ok else f"no {self.device_type} device is visible to this process"
 
+    def check_usable(self) -> str | None:
+        """What the rest of Eddy asks (do not override): `unavailable_reason` and
+        `is_available` together, and never an exception. A plug-in whose hooks raise (a
+        half-installed vendor library) is unusable with a warning naming it; it must not take
+        discovery down for every other platform."""
+        if self._broken is not None:
+            return self._broken
+        hook = "unavailable_reason"
+        try:
+            reason = self.unavailable_reason()
+            hook = "is_available"
+            if reason is None and not self.is_available():
+                reason = f"{type(self).__name__}.is_available() returned False"
+        except Exception as exc:
+            # once broken, always: the warning is given once, and no later call flips it
+            self._broken = reason = _hook_failed(self, hook, exc)
+        return reason
+
     def device_count(self) -> int:
-        return self.module().device_count() if self.is_available() else 0
+        return self.module().device_count() if self.check_usable() is None else 0
 
     def properties(self, index: int = 0) -> DeviceProperties:
         props = self.module().get_device_properties(index)
         return DeviceProperties(name=props.name, total_memory=int(props.total_memory))
 
     def describe(self) -> dict[str, Any]:
-        """Everything `eddy platforms` prints about this platform."""
+        """Everything `eddy platforms` prints about this platform; a hook that raises shows
+        as the platform's problem, not as a traceback."""
+        reason = self.check_usable()
         info: dict[str, Any] = {
             "name": self.name,
-            "available": self.is_available(),
-            "reason": self.unavailable_reason(),
-            "device_type": self.device_type,
-            "backend": self.dist_backend(),
+            "available": reason is None,
+            "reason": reason,
+            "device_type": getattr(self, "device_type", "-"),
+            "backend": "-",
             "ray_resource": self.ray_resource or "-",
             "visible_devices_env": self.visible_devices_env or "-",
             "device_count": 0,
             "device_name": "-",
             "memory_total": 0,
         }
-        if info["available"]:
-            props = self.properties(0)
-            info.update(device_count=self.device_count(), device_name=props.name,
-                        memory_total=props.total_memory)
+        try:
+            info["backend"] = self.dist_backend()
+            if reason is None:
+                props = self.properties(0)
+                info.update(device_count=self.device_count(), device_name=props.name,
+                            memory_total=props.total_memory)
+        except Exception as exc:
+            info.update(available=False, reason=_hook_failed(self, "describe", exc))
         return info
 
     # ---- placement ------------------------------------------------------------------------
@@ -128,7 +154,30 @@ class Platform:
         self.module().set_device(local_rank)
 
     def local_rank(self) -> int:
+        """This process's device index on its node: the one `bind_device` was given, else
+        `LOCAL_RANK` (torchrun's), else 0."""
+        if self._bound_index is not None:
+            return self._bound_index
         return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def bind_device(self, index: int, *, narrowed: bool = False) -> int:
+        """Give this process device `index` of its node, before it touches a device; returns
+        the index its tensors use from now on. The runtime calls it in every actor with the
+        index it chose for it (`runtime/devices.py`). `narrowed`: Ray has already made only
+        that device visible (it does so for the accelerators it knows, setting the
+        visible-devices variable per actor), so the process sees it as device 0.
+        Otherwise a platform with a `visible_devices_env` gets that variable set to `index`
+        (a vendor runtime reads it when it initialises: the process then sees one device,
+        index 0), and one without addresses device `index` directly."""
+        if narrowed:
+            local = 0
+        elif self.visible_devices_env:
+            os.environ[self.visible_devices_env] = str(index)
+            local = 0
+        else:
+            local = index
+        self._bound_index = local
+        return local
 
     def device_mesh(self, shape: tuple[int, ...], names: tuple[str, ...] | None = None):
         """A `DeviceMesh` over the default process group (which must be initialised)."""
@@ -178,7 +227,7 @@ class Platform:
 
     def get_rng_state(self) -> dict[str, torch.Tensor]:
         state = {"cpu": torch.get_rng_state()}
-        if self.is_available() and self.device_type != "cpu":
+        if self.device_type != "cpu" and self.check_usable() is None:
             state[self.device_type] = self.module().get_rng_state()
         return state
 
@@ -231,7 +280,7 @@ class Platform:
 
         if local or address is not None:
             self.use_network(None if local else address)
-        if self.device_type != "cpu" and self.is_available():
+        if self.device_type != "cpu" and self.check_usable() is None:
             self.set_device(self.local_rank())
         dist.init_process_group(backend=self.composite_backend(),
                                 init_method=None if store is not None else init_method,
@@ -281,12 +330,17 @@ class Platform:
         """Environment variables a vendor inference engine needs on this platform."""
         return {}
 
-    def weight_channel_kind(self, receiver: "Platform") -> str:
-        """How weights reach an inference engine on `receiver`: `collective` between like
-        accelerators, `object_store` CPU to CPU, `host` (staged through host memory) across kinds."""
-        if receiver.name != self.name:
-            return "host"
-        return "object_store" if self.device_type == "cpu" else "collective"
+    def weight_channels(self, peer: "Platform") -> tuple[str, ...]:
+        """The weight channels this platform can use with `peer` (as sender or receiver),
+        best first. `collective` needs both ends on like accelerators (one device backend),
+        `object_store` is host tensors between CPUs, `host` (staged through host memory, then
+        copied onto the receiver's device) works between any two platforms. Both ends are
+        asked (`choose_weight_channel`): a platform drops what its devices cannot do."""
+        if peer.name != self.name:
+            return ("host",)
+        if self.device_type == "cpu":
+            return ("object_store", "host")
+        return ("collective", "host")
 
     def ray_actor_resources(self, fraction: float = 1.0) -> dict[str, Any]:
         """Ray `.options(...)` arguments asking for `fraction` of one device."""
@@ -299,5 +353,32 @@ class Platform:
         (actors then share them by asking for fractions inside the bundle)."""
         return {self.ray_resource: float(devices)} if self.ray_resource else {}
 
+    def ray_node_resources(self) -> dict[str, float]:
+        """The devices of this node as Ray resources, declared when Eddy starts a local Ray
+        (a cluster's nodes declare them at `ray start --resources`). Ray counts the
+        accelerators it knows by itself (GPU, NPU: those platforms return {}); for any other
+        `ray_resource` this is the platform's own device count."""
+        if self.ray_resource is None:
+            return {}
+        return {self.ray_resource: float(self.device_count())}
+
     def __repr__(self) -> str:
         return f"<Platform {self.name} ({self.device_type})>"
+
+
+def choose_weight_channel(sender: Platform, receiver: Platform) -> str:
+    """The channel both ends support, by the sender's preference; `host` when they share none
+    (every platform can stage through host memory)."""
+    theirs = set(receiver.weight_channels(sender))
+    return next((kind for kind in sender.weight_channels(receiver) if kind in theirs), "host")
+
+
+def _hook_failed(platform: Platform, hook: str, exc: BaseException) -> str:
+    """A plug-in hook raised: warn naming the platform and its class, and say it as the
+    reason the platform is unusable."""
+    cls = type(platform)
+    reason = (f"{cls.__module__}.{cls.__qualname__}.{hook} raised "
+              f"{type(exc).__name__}: {exc}")
+    warnings.warn(f"platform {getattr(platform, 'name', cls.__name__)!r} is unusable: {reason}",
+                  RuntimeWarning, stacklevel=3)
+    return reason

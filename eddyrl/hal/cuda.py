@@ -60,3 +60,6 @@ class CudaPlatform(Platform):
 
     def ray_actor_resources(self, fraction: float = 1.0) -> dict[str, Any]:
         return {"num_gpus": fraction}
+
+    def ray_node_resources(self) -> dict[str, float]:
+        return {}  # Ray counts GPUs itself, and sets CUDA_VISIBLE_DEVICES per actor

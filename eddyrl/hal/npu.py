@@ -94,6 +94,9 @@ class NpuPlatform(Platform):
                 module.forward = fused_forward.__get__(module)
         return model
 
+    def ray_node_resources(self) -> dict[str, float]:
+        return {}  # Ray counts NPUs itself, and sets ASCEND_RT_VISIBLE_DEVICES per actor
+
     def inference_engine_env(self) -> dict[str, str]:
         # NZ weight layout breaks in-place weight reloads from the trainer, so RL keeps ND.
         return {"VLLM_ASCEND_ENABLE_NZ": "0", "TASK_QUEUE_ENABLE": "1"}

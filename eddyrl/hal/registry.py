@@ -54,7 +54,17 @@ def known_platforms() -> list[str]:
 
 @functools.cache
 def _instance(name: str) -> Platform:
-    return platform_classes()[name]()
+    """The one instance of platform `name` in this process. A constructor that raises (a
+    vendor library half there) leaves an unusable instance whose `check_usable` says why."""
+    cls = platform_classes()[name]
+    try:
+        return cls()
+    except Exception as exc:
+        reason = f"{cls.__module__}.{cls.__qualname__}() raised {type(exc).__name__}: {exc}"
+        warnings.warn(f"platform {name!r} is unusable: {reason}", RuntimeWarning, stacklevel=2)
+        broken = cls.__new__(cls)
+        broken._broken = reason
+        return broken
 
 
 def detect() -> Platform:
@@ -62,7 +72,7 @@ def detect() -> Platform:
     detectable = [cls for cls in platform_classes().values() if cls.detect_priority is not None]
     for cls in sorted(detectable, key=lambda cls: -cls.detect_priority):
         platform = _instance(cls.name)
-        if platform.is_available():
+        if platform.check_usable() is None:
             return platform
     return _instance(CpuPlatform.name)
 
@@ -86,7 +96,7 @@ def get_platform(name: str | None = None, *, require_available: bool = True) -> 
                             f"{', '.join(sorted(classes))} (or 'auto')")
     platform = _instance(name)
     if require_available:
-        reason = platform.unavailable_reason()
+        reason = platform.check_usable()
         if reason is not None:
             source = f" (by {ENV_VAR}={name!r})" if from_env else ""
             raise PlatformError(f"platform {name!r} was requested{source} but is not usable "

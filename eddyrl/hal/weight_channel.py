@@ -1,6 +1,7 @@
 """How new weights travel from the trainer to the inference engines.
 
-Three channels, chosen by the sender's `Platform.weight_channel_kind(receiver)`:
+Three channels; `choose_weight_channel(sender, receiver)` takes the best both platforms support
+(`Platform.weight_channels`), `host` where they share none:
 - `collective`: trainer and rollout workers on the same accelerator kind join a standalone
   process group over the device backend (NCCL, HCCL); buckets are broadcast device to device.
 - `object_store`: CPU to CPU; buckets are plain host tensors handed over by the runtime (Ray puts
@@ -21,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .base import Platform
+from .base import Platform, choose_weight_channel
 from .rendezvous import make_store
 
 
@@ -148,11 +149,11 @@ def open_weight_channel(sender: Platform, receiver: Platform, *, rank: int = 0,
                         world_size: int = 1, rendezvous: str = "", kind: str = "auto",
                         timeout_s: float = 600.0, store: Any = None,
                         address: str | None = None) -> WeightChannel:
-    """The channel the two platforms agree on (`Platform.weight_channel_kind`), or `kind` when
+    """The channel the two platforms agree on (`choose_weight_channel`), or `kind` when
     forced. `rank` 0 is the sender; the rendezvous arguments (`store`, `address`: see
     `CollectiveChannel.connect`) matter only for `collective`."""
     if kind == "auto":
-        kind = sender.weight_channel_kind(receiver)
+        kind = choose_weight_channel(sender, receiver)
     if kind not in ("collective", "object_store", "host"):
         raise ValueError(f"weight channel kind {kind!r} is not collective, object_store or host")
     if kind == "collective":

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from ..errors import PlatformError
-from ..hal import Platform, get_platform
+from ..hal import Platform, choose_weight_channel, get_platform
 
 if TYPE_CHECKING:
     from ..config import EddyConfig
@@ -27,7 +27,8 @@ class RolePlatforms:
 
     @property
     def weight_channel(self) -> str:
-        return self.train.weight_channel_kind(self.rollout)
+        """The channel both roles' platforms support (`hal.choose_weight_channel`)."""
+        return choose_weight_channel(self.train, self.rollout)
 
 
 def role_platform_name(config: EddyConfig, role: str) -> str:
@@ -49,3 +50,17 @@ def resolve_role_platforms(config: EddyConfig, *, require_available: bool = True
                 raise
             raise PlatformError(f"config key '{role}.platform': {exc}") from None
     return RolePlatforms(**chosen)
+
+
+def weight_channel_kind(config: EddyConfig) -> str:
+    """The weight channel of this run, resolved once (by the driver; the workers are told):
+    `train.weight_channel` as configured, "auto" being what both roles' platforms support.
+    Colocated roles share a device, and a device appears once per communicator, so an "auto"
+    collective there goes through host memory instead."""
+    kind = config.train.weight_channel
+    if kind != "auto":
+        return kind
+    kind = resolve_role_platforms(config, require_available=False).weight_channel
+    if kind == "collective" and config.cluster.placement == "colocated":
+        return "host"
+    return kind

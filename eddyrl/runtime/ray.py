@@ -21,7 +21,7 @@ from ..core.batching import split_for_ranks
 from ..errors import ConfigError, EddyError, WorkerLost
 from ..hal import get_platform
 from ..stopping import sigterm_as_interrupt
-from .placement import role_platform_name
+from .placement import role_platform_name, weight_channel_kind
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
@@ -213,14 +213,14 @@ class RayRuntime(RayCalls, WorkerReplacement):
         """Open the weight channel between trainer rank 0 and every rollout worker. A worker
         found dead meanwhile is marked lost (its next call tells the rollout); a collective
         group cannot form without it, so there that is an error."""
-        kind = self._weight_channel_kind()
+        kind = weight_channel_kind(self.config)
         # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
         # process of its engine where the engine takes the broadcast itself (vLLM's workers).
         ranks = self._each_worker([w.weight_ranks.remote(kind) for w in self.workers], kind, 1)
         offsets, world = weight_group_layout(ranks)
         # a new rendezvous per connection: a replaced worker rebuilds the group for every member
         rendezvous = self._rendezvous(f"weight_channel.{self._channel_generation}", world) \
-            if self._resolved_channel_kind(kind) == "collective" else ""
+            if kind == "collective" else ""
         self._channel_generation += 1
         trainers = [(f"trainer rank {r}", "weight channel set-up",
                      t.connect_weight_channel.remote(kind, rendezvous, 0, world))
@@ -236,25 +236,6 @@ class RayRuntime(RayCalls, WorkerReplacement):
             return f"file://{self.rendezvous_dir}/{name}"
         return self._get_all([("trainer rank 0", f"rendezvous ({name})",
                                self.trainers[0].open_rendezvous.remote(world_size))])[0]
-
-    def _resolved_channel_kind(self, kind: str) -> str:
-        """What "auto" means for this run's two platforms (as each worker resolves it)."""
-        if kind != "auto":
-            return kind
-        train, rollout = (get_platform(role_platform_name(self.config, role),
-                                       require_available=False) for role in ("train", "rollout"))
-        return train.weight_channel_kind(rollout)
-
-    def _weight_channel_kind(self) -> str:
-        """As configured; colocated roles on one device cannot join one collective (a device
-        appears once per communicator), so there the weights go through host memory."""
-        kind = self.config.train.weight_channel
-        if self.colocated and kind == "auto":
-            train = get_platform(role_platform_name(self.config, "train"),
-                                 require_available=False)
-            kind = train.weight_channel_kind(train)
-            return "host" if kind == "collective" else kind
-        return kind
 
     async def _hand_devices_to(self, role: str) -> None:
         """Colocated turn-taking. To training: every engine finishes and sleeps (KV cache

@@ -91,16 +91,15 @@ class RolloutWorker:
         await self.engine.abort(request_ids)
 
     def weight_ranks(self, kind: str) -> int:
-        """Ranks this worker takes in the trainer's weight broadcast group (`kind`
-        "collective"; one for the host channels, which have no group): its engine's own
-        processes where the engine receives weights itself, else this process."""
+        """Ranks this worker takes in the trainer's weight broadcast group (`kind`, as the
+        driver resolved it: `placement.weight_channel_kind`; "collective", or one rank for the
+        host channels, which have no group): its engine's own processes where the engine
+        receives weights itself, else this process."""
         return self._engine_ranks(kind) or 1
 
     def _engine_ranks(self, kind: str) -> int:
         """The engine receives itself only from a device broadcast, and not where the elastic
         pool may lend this worker to training: its replica needs the weights here."""
-        if kind == "auto":
-            kind = self.train_platform.weight_channel_kind(self.platform)
         if kind != "collective" or self.config.elastic.enabled:
             return 0
         return self.engine.weight_ranks()

@@ -241,7 +241,7 @@ def test_an_engine_without_its_own_receiver_leaves_it_to_the_worker(monkeypatch,
                                                                     tiny_model_dir):
     worker = _rollout_worker(monkeypatch, tiny_model_dir)  # hf
     assert worker.engine.weight_ranks() == 0
-    assert worker.weight_ranks("collective") == worker.weight_ranks("auto") == 1
+    assert worker.weight_ranks("collective") == worker.weight_ranks("object_store") == 1
     assert worker._engine_ranks("collective") == 0
 
 
@@ -250,8 +250,8 @@ def test_a_cpu_run_and_a_lendable_worker_keep_the_host_path(monkeypatch, vllm, t
     worker = _rollout_worker(monkeypatch, tiny_model_dir, vllm)
     assert vllm.weight_ranks() == 1  # one vLLM worker ("uni" executor)
     # CPU to CPU the channel is the object store: the worker process receives, as before
-    assert worker._engine_ranks("auto") == worker._engine_ranks("object_store") == 0
-    assert worker._engine_ranks("host") == 0 and worker.weight_ranks("auto") == 1
+    assert worker._engine_ranks("object_store") == 0
+    assert worker._engine_ranks("host") == 0 and worker.weight_ranks("object_store") == 1
     assert worker._engine_ranks("collective") == 1
     monkeypatch.setattr(worker.config.elastic, "enabled", True)
     assert worker._engine_ranks("collective") == 0  # a replica would need the weights here

@@ -9,7 +9,7 @@ def _platform_params():
     params = []
     for name in known_platforms():
         platform = get_platform(name, require_available=False)
-        reason = platform.unavailable_reason()
+        reason = platform.check_usable()
         marks = [pytest.mark.skip(reason=f"{name}: {reason}")] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params

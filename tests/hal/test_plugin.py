@@ -72,3 +72,86 @@ def test_broken_plugin_warns_and_others_still_work(tmp_path, entry):
     name = entry.split(" =")[0]
     assert f"platform plug-in {name!r}" in out.stderr and "skipped" in out.stderr
     assert "cpu (auto)" in out.stdout
+
+
+# A vendor library half installed: each hook that discovery calls raises, in its own plug-in.
+RAISING = '''
+from eddyrl.hal.base import Platform
+
+
+class _Acme(Platform):
+    device_type = "cpu"
+    detect_priority = 50  # detection asks it first, before the CPU
+
+
+class RaisesInIsAvailable(_Acme):
+    name = "raises_is_available"
+
+    def is_available(self):
+        raise OSError("libacme.so: cannot open shared object file")
+
+
+class RaisesInReason(_Acme):
+    name = "raises_reason"
+
+    def unavailable_reason(self):
+        raise ImportError("acme_runtime is only half installed")
+
+
+class RaisesInConstructor(_Acme):
+    name = "raises_constructor"
+
+    def __init__(self):
+        raise RuntimeError("acme driver version 0.0 is too old")
+'''
+
+RAISERS = {"raises_is_available": "OSError: libacme.so: cannot open shared object file",
+           "raises_reason": "ImportError: acme_runtime is only half installed",
+           "raises_constructor": "RuntimeError: acme driver version 0.0 is too old"}
+
+
+def _raising_site(tmp_path: Path) -> Path:
+    entries = "\n".join(f"{name} = raising_platforms:{cls}" for name, cls in (
+        ("raises_is_available", "RaisesInIsAvailable"), ("raises_reason", "RaisesInReason"),
+        ("raises_constructor", "RaisesInConstructor")))
+    site = _site(tmp_path, entries, name="raising_plugins")
+    (site / "raising_platforms.py").write_text(RAISING)
+    return site
+
+
+def test_plugins_whose_hooks_raise_are_unavailable_and_the_rest_works(tmp_path):
+    site = _raising_site(tmp_path)
+    out = _run(site, "-m", "eddyrl.cli", "platforms")
+    assert out.returncode == 0, out.stderr
+    assert "cpu (auto)" in out.stdout  # detection skipped the broken ones
+    for name, error in RAISERS.items():
+        assert f"{name}: unavailable: " in out.stdout and error in out.stdout, name
+        assert f"platform {name!r} is unusable" in out.stderr, name  # the warning names it
+    assert "Traceback" not in out.stderr
+
+
+def test_detection_and_a_run_by_name_survive_raising_plugins(tmp_path):
+    site = _raising_site(tmp_path)
+    code = ("from eddyrl.hal import detect, get_platform\n"
+            "from eddyrl.errors import PlatformError\n"
+            "print(detect().name)\n"
+            "for name in ('raises_is_available', 'raises_reason', 'raises_constructor'):\n"
+            "    try:\n"
+            "        get_platform(name)\n"
+            "    except PlatformError as exc:\n"
+            "        print(exc)\n")
+    out = _run(site, "-W", "ignore", "-c", code)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "cpu"
+    for line, (name, error) in zip(lines[1:], RAISERS.items()):
+        assert line.startswith(f"platform {name!r} was requested but is not usable here: ")
+        assert error in line
+
+
+def test_the_hal_suite_collects_with_raising_plugins(tmp_path):
+    site = _raising_site(tmp_path)
+    out = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+               str(ROOT / "tests" / "hal" / "test_contract.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "raises_constructor" in out.stdout

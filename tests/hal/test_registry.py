@@ -4,7 +4,7 @@ import pytest
 
 from eddyrl.config import load_config
 from eddyrl.errors import PlatformError
-from eddyrl.hal import detect, get_platform, known_platforms
+from eddyrl.hal import choose_weight_channel, detect, get_platform, known_platforms
 from eddyrl.hal.cpu import CpuPlatform
 from eddyrl.hal.cuda import CudaPlatform
 from eddyrl.hal.npu import NpuPlatform
@@ -79,7 +79,33 @@ def test_role_platforms_can_differ_and_are_checked():
     (CpuPlatform, CudaPlatform, "host"),
 ])
 def test_weight_channel_choice(sender, receiver, kind):
-    assert sender().weight_channel_kind(receiver()) == kind
+    assert choose_weight_channel(sender(), receiver()) == kind
+
+
+class _HostOnlyCuda(CudaPlatform):
+    """A receiver whose devices cannot join the sender's device collective."""
+
+    def weight_channels(self, peer):
+        return ("host",)
+
+
+def test_the_receiver_has_a_say_in_the_weight_channel():
+    # the sender would broadcast device to device; the receiver supports only host staging
+    assert choose_weight_channel(CudaPlatform(), _HostOnlyCuda()) == "host"
+    assert choose_weight_channel(_HostOnlyCuda(), CudaPlatform()) == "host"
+
+
+def test_the_run_resolves_its_weight_channel_once():
+    from eddyrl.runtime.placement import weight_channel_kind
+
+    assert weight_channel_kind(load_config(overrides=["platform=cpu"])) == "object_store"
+    assert weight_channel_kind(load_config(overrides=["platform=cpu",
+                                                      "train.weight_channel=host"])) == "host"
+    # like accelerators colocated: one device per communicator, so host memory instead
+    gpu = ["platform=cuda", "rollout.num_workers=1", "train.num_workers=1"]
+    assert weight_channel_kind(load_config(overrides=gpu)) == "collective"
+    assert weight_channel_kind(load_config(overrides=[*gpu, "cluster.placement=colocated"])) \
+        == "host"
 
 
 def test_composite_backends():
@@ -90,3 +116,36 @@ def test_composite_backends():
     assert NpuPlatform().visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
     assert (CpuPlatform.ray_resource, CudaPlatform.ray_resource, NpuPlatform.ray_resource) == \
         (None, "GPU", "NPU")
+
+
+class _FlakyVendor(CpuPlatform):
+    name = "flakyvendor"
+    calls = 0
+
+    def unavailable_reason(self):
+        type(self).calls += 1
+        raise OSError("libvendor.so missing")
+
+
+def test_a_hook_that_raises_makes_the_platform_unusable_once_with_one_warning():
+    platform = _FlakyVendor()
+    with pytest.warns(RuntimeWarning, match="'flakyvendor' is unusable: .*unavailable_reason "
+                                            "raised OSError: libvendor.so missing"):
+        reason = platform.check_usable()
+    assert reason.endswith("unavailable_reason raised OSError: libvendor.so missing")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, and no second call
+        assert platform.check_usable() == reason and platform.describe()["reason"] == reason
+    assert _FlakyVendor.calls == 1
+
+
+def test_is_available_false_without_a_reason_still_says_why():
+    class Quiet(CpuPlatform):
+        name = "quiet"
+
+        def is_available(self):
+            return False
+
+    assert Quiet().check_usable() == "Quiet.is_available() returned False"

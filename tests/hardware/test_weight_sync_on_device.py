@@ -2,7 +2,7 @@
 runtime opens between them, and then generate exactly what a fresh engine built from the same
 saved weights generates.
 
-Between like platforms the runtime uses `weight_channel_kind`: `collective` between accelerators
+Between like platforms the runtime uses `choose_weight_channel`: `collective` between accelerators
 (two processes on a device backend), `object_store` on CPUs (host tensors); the host channel is
 also what a run forced to `train.weight_channel=object_store` uses. Both are tested, each on the
 platform where it can run."""
@@ -18,7 +18,7 @@ from device_helpers import LOSS, greedy, make_trainer
 from fsdp_helpers import make_batch
 
 from eddyrl.engines.inference.hf import HFInferenceEngine
-from eddyrl.hal import open_weight_channel
+from eddyrl.hal import choose_weight_channel, open_weight_channel
 
 pytestmark = pytest.mark.hardware
 
@@ -52,7 +52,7 @@ def test_weights_reach_the_sampler_through_the_host_channel(accelerator, tiny_mo
     after = greedy(sampler)
     assert sampler.version == 1
     fresh = greedy(HFInferenceEngine(str(tmp_path / "ckpt"), accelerator, seed=0))
-    hardware_report(runtime_channel=accelerator.weight_channel_kind(accelerator),
+    hardware_report(runtime_channel=choose_weight_channel(accelerator, accelerator),
                     buckets=len(received))
     _assert_synced(before, after, fresh)
 
@@ -81,7 +81,7 @@ def test_weights_reach_the_sampler_through_the_collective_channel(accelerator, t
                 process.terminate()
             pytest.fail("the trainer and rollout ranks were still running at the deadline")
     result = torch.load(tmp_path / "result.pt")
-    hardware_report(runtime_channel=accelerator.weight_channel_kind(accelerator),
+    hardware_report(runtime_channel=choose_weight_channel(accelerator, accelerator),
                     buckets=result["buckets"], receiver_device=min(1, count - 1))
     assert result["version"] == 1 and result["buckets"] > 1
     _assert_synced(result["before"], result["after"], result["fresh"])
