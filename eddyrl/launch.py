@@ -27,7 +27,7 @@ from .hal import get_platform
 from .observability.sinks import open_sinks
 from .observability.trace import Trace
 from .observability.tracing import TracingRuntime, flush_at_checkpoints
-from .runtime.placement import resolve_role_platforms, role_platform_name
+from .runtime.placement import ROLES, record_role_platforms, role_platform_name
 from .runtime.protocol import Recoverable
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
@@ -141,14 +141,16 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     """Run RL training as configured; returns the path of `summary.json`. The run directory
     is locked for the whole run (`run_dir.py`)."""
     started = time.monotonic()
-    resolve_role_platforms(config)  # fail fast, in one sentence, if a platform is absent
+    # Fail fast, in one sentence, if a platform is absent; else the names go into the config
+    # (saved with the run, read by every actor) and the checkpoints.
+    explicit = record_role_platforms(config)
     run_dir = resolve_run_dir(config)
     with RunDirectory.claim(run_dir) as hold:  # no second run on it while this one lives
-        return _train(config, on_step, hold, started)
+        return _train(config, on_step, hold, started, explicit)
 
 
 def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: RunDirectory,
-           started: float) -> Path:
+           started: float, explicit: dict[str, bool]) -> Path:
     run_dir = hold.path
     # Check first, then write: nothing in run_dir changes until every check has passed.
     point = resume.find(config.resume, run_dir)
@@ -157,6 +159,9 @@ def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: 
         raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
                           "another run_dir, move that one away, or go on with resume=auto")
     resume.check_settings(point, seed=config.seed, steps=config.loop.steps)
+    if point is not None:
+        run_state.check_platforms(point.state, {role: role_platform_name(config, role)
+                                                for role in ROLES}, explicit)
     model_path = preflight(config)  # the model's files, lengths, engines: before Ray starts
     with contextlib.ExitStack() as stack:  # whatever was started is stopped, in reverse
         tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
@@ -204,9 +209,9 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
 
         runtime = base_runtime = RayRuntime(config, model_path, str(run_dir))
     stack.callback(base_runtime.shutdown)
-    if getattr(base_runtime, "placement", None):  # on a cluster: where each actor started,
-        # at once (a run that ends early still tells); the summary repeats it
-        (run_dir / "placement.json").write_text(json.dumps(base_runtime.placement, indent=2))
+    where = _where_actors_are(base_runtime)
+    if where:  # written at once (a run that ends early still tells); the summary repeats it
+        (run_dir / "placement.json").write_text(json.dumps(where, indent=2))
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)
@@ -225,6 +230,17 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
     return asyncio.run(_run_and_save(controller, runtime, run_dir, config, point))
 
 
+def _where_actors_are(runtime) -> dict[str, Any]:
+    """Each Ray actor's device on its node (`devices`), and on a cluster its node
+    (`placement`), as they started: placement.json and the summary."""
+    where: dict[str, Any] = {}
+    if getattr(runtime, "placement", None):
+        where["placement"] = runtime.placement
+    if getattr(runtime, "devices", None):
+        where["devices"] = runtime.devices
+    return where
+
+
 async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: EddyConfig,
                         point: resume.ResumePoint | None) -> dict[str, Any]:
     requeued = []
@@ -235,13 +251,12 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
     summary.update(runtime=config.runtime_kind(), rollout_workers=len(stats),
+                   platforms={role: role_platform_name(config, role) for role in ROLES},
                    rollout_replacements=runtime.replacements
                    if isinstance(runtime, Recoverable) else 0,
                    rollout_busy_s=sum(s.busy_seconds for s in stats),
                    rollout_worker_tokens=[s.tokens_generated for s in stats])
-    placement = getattr(getattr(runtime, "runtime", runtime), "placement", None)  # traced
-    if placement:  # on a cluster: each actor's node, as it started (also placement.json)
-        summary["placement"] = placement
+    summary.update(_where_actors_are(getattr(runtime, "runtime", runtime)))  # (traced)
     # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and
     # everything else a resume needs.
     summary["run_checkpoint"] = str(await resume.save_final(

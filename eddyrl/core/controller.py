@@ -62,6 +62,8 @@ class LoopSettings:
     # envs.loading.EnvironmentFactory: every response is a multi-turn episode in one of its
     # environments (`env` config section); None: single-turn
     env: Any = None
+    # the platform each role runs on, by name: recorded in checkpoints (run_state.py)
+    platforms: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

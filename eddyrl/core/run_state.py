@@ -73,7 +73,8 @@ def capture(controller) -> RunState:
                      **controller.prompt_queue.state()},
             "window": controller.window.state(), "replay": replay, "next_group_id": next_id,
             "reward_errors": controller.reward.errors, "history": list(controller.history),
-            "rng": {"python": [version, list(internal), gauss]}}
+            "rng": {"python": [version, list(internal), gauss]},
+            "platforms": dict(controller.settings.platforms)}
     return RunState(meta, controller.ledger.to_dict(), tensors)
 
 
@@ -151,6 +152,24 @@ def check_seed(state: RunState, seed: int) -> None:
         raise ConfigError(f"config key 'seed' = {seed} but the checkpoint was written with "
                           f"seed = {state.meta['seed']}; the prompt order depends on it, so "
                           "resume with the same seed")
+
+
+def check_platforms(state: RunState, platforms: dict[str, str],
+                    explicit: dict[str, bool]) -> None:
+    """A resume on other devices than the checkpoint's only when the user names the platform
+    (`platform=...` or `<role>.platform=...`): `auto` or an `EDDY_PLATFORM` set on one machine
+    and not on the other must not switch a run's devices silently. Checkpoints written before
+    platforms were recorded carry none and pass."""
+    recorded = state.meta.get("platforms") or {}
+    for role, name in platforms.items():
+        before = recorded.get(role)
+        if before is None or before == name or explicit.get(role):
+            continue
+        raise ConfigError(
+            f"the checkpoint was written with the {role} role on platform {before!r}, and this "
+            f"run resolved {name!r} (platform=auto: EDDY_PLATFORM, else detection); resume on "
+            f"{before!r}, or name the new platform to move the run ({role}.platform={name} or "
+            f"platform={name})")
 
 
 def check_compatible(state: RunState, *, seed: int, fingerprint: str,

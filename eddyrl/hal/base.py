@@ -319,7 +319,11 @@ class Platform:
     # ---- profiling, model patches, engines -------------------------------------------------
     @contextlib.contextmanager
     def profile_range(self, name: str) -> Iterator[None]:
-        """A named range in the vendor profiler's timeline (nvtx, mstx); a no-op by default."""
+        """A named range in the vendor profiler's timeline (nvtx, mstx); a no-op by default.
+        Ranges may overlap and end in any order (concurrent generate calls of one engine):
+        use the profiler's start/end ranges, not a push/pop stack. Eddy's names: eddy.rollout.
+        generate / forward, eddy.train.step / forward / backward / optimizer / logprobs /
+        offload / onload, eddy.weights.export / send / receive / apply."""
         yield
 
     def apply_model_patches(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -52,11 +52,13 @@ class CudaPlatform(Platform):
 
     @contextlib.contextmanager
     def profile_range(self, name: str) -> Iterator[None]:
-        torch.cuda.nvtx.range_push(name)
+        # a start/end range, not push/pop: push/pop is a per-thread stack, and ranges of
+        # concurrent coroutines (an engine's generate calls) end in any order
+        range_id = torch.cuda.nvtx.range_start(name)
         try:
             yield
         finally:
-            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_end(range_id)
 
     def ray_actor_resources(self, fraction: float = 1.0) -> dict[str, Any]:
         return {"num_gpus": fraction}

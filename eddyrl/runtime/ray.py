@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 from ..protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ..core.batching import split_for_ranks
 from ..errors import ConfigError, EddyError, WorkerLost
-from ..hal import get_platform
 from ..stopping import sigterm_as_interrupt
 from .placement import role_platform_name, weight_channel_kind
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
 from . import ray_connect
+from .devices import node_resources
 from .node_files import DirectoryShipment
 from .ray_session import LocalRaySession
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
@@ -81,8 +81,10 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
             # address="local": a Ray of its own even when a cluster started with `ray start`
             # runs on this machine (without it, ray.init joins that one, found through
             # /tmp/ray/ray_current_cluster, and refuses num_cpus with a traceback)
+            # A plug-in platform's devices are declared as Ray resources (Ray counts only
+            # the accelerators it knows): without them its actors could never be placed.
             ray.init(address="local", num_cpus=config.cluster.num_cpus or os.cpu_count(),
-                     include_dashboard=False, _node_ip_address="127.0.0.1",
+                     resources=node_resources(config) or None, include_dashboard=False, _node_ip_address="127.0.0.1",
                      logging_level="WARNING", log_to_driver=True, configure_logging=True)
         except BaseException:
             session.close()
@@ -116,6 +118,7 @@ def stop_ray() -> None:
 class RayRuntime(RayCalls, WorkerReplacement):
     workers: list[Any]  # each rollout worker's actor handle
     placement: dict[str, list[str | None]] | None = None  # on a cluster: each actor's node
+    devices: dict[str, list[dict]] | None = None  # each actor's device (runtime/devices.py)
 
     def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
         self.session = start_ray(config)  # None when joining a cluster: nothing watched
@@ -185,17 +188,27 @@ class RayRuntime(RayCalls, WorkerReplacement):
             # devices start, so each engine sizes its KV cache on a free device.
             self._get_all([(f"trainer rank {r}", "offload (colocated start-up)",
                             t.offload.remote()) for r, t in enumerate(self.trainers)])
+        # Each actor's device on its node (`runtime/devices.py`); a colocated rollout worker
+        # takes its trainer rank's.
+        trainer_devices = self._get_all([(f"trainer rank {r}", "device",
+                                          t.device_binding.remote())
+                                         for r, t in enumerate(self.trainers)])
+        shared = [d["index"] if self.colocated else None for d in trainer_devices]
         # the incarnation counts a rollout worker's replacements after losses
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
             **actor_options(rollout_platform, cpus, share, groups["rollout"], index)
-        ).remote(config, index, model)
+        ).remote(config, index, model, shared[index])
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
         self._incarnations = [0] * len(self.workers)
         self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
         self.weights = PublishedWeights()  # what a replacement may take, and when
         self._channel_generation = 0
         self._connect_weight_channel()
+        self.devices = {"trainer": trainer_devices,
+                        "rollout": self._get_all([(f"rollout worker {i}", "device",
+                                                   w.device_binding.remote())
+                                                  for i, w in enumerate(self.workers)])}
         if self.across_nodes:  # where each actor landed, for the summary (and the user)
             self.placement = {
                 "trainer": self._get_all([(f"trainer rank {r}", "node address",

@@ -18,6 +18,7 @@ from ..engines.training.replica import GradientReplica
 from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_channel
 from ..hal.rendezvous import TcpStoreServer, make_store
 from ..scheduler.buckets import worker_batch_size
+from .devices import bind_actor_device
 from .node import node_address
 from .node_files import DirectoryShipment, collect_directory
 from .placement import role_platform_name
@@ -43,12 +44,16 @@ class RolloutWorker:
     """Generates with an inference engine; lent to training by the elastic pool, it also holds
     a gradient replica (`join_training`) and its engine sleeps until `leave_training`."""
 
-    def __init__(self, config: EddyConfig, index: int, model: str | DirectoryShipment) -> None:
+    def __init__(self, config: EddyConfig, index: int, model: str | DirectoryShipment,
+                 device: int | None = None) -> None:
+        """`device`: the device index of the trainer rank this worker is colocated with
+        (they take turns on it); None to take a free one (`runtime/devices.py`)."""
         _prepare_process(config)
         self.config = config
+        self.platform = get_platform(role_platform_name(config, "rollout"))
+        self.device = bind_actor_device(self.platform, f"rollout worker {index}", shared=device)
         self.model_path = model_path = local_model_dir(model)
         self.replica: GradientReplica | None = None
-        self.platform = get_platform(role_platform_name(config, "rollout"))
         self.train_platform = get_platform(role_platform_name(config, "train"),
                                            require_available=False)
         os.environ.update(self.platform.inference_engine_env())
@@ -76,15 +81,17 @@ class RolloutWorker:
                 ready.put_nowait(done)
 
         task = asyncio.ensure_future(pump())
-        finished = False
-        while not finished:
-            batch = [await ready.get()]
-            while not ready.empty():
-                batch.append(ready.get_nowait())
-            finished = batch[-1] is done
-            results = [r for r in batch if r is not done]
-            if results:
-                yield results
+        # the call's whole span (a vendor profiler's range may span the yields between)
+        with self.platform.profile_range("eddy.rollout.generate"):
+            finished = False
+            while not finished:
+                batch = [await ready.get()]
+                while not ready.empty():
+                    batch.append(ready.get_nowait())
+                finished = batch[-1] is done
+                results = [r for r in batch if r is not done]
+                if results:
+                    yield results
         await task  # re-raises an engine error
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -124,6 +131,11 @@ class RolloutWorker:
         see `InferenceEngine.load_weights`); returns the version the engine now hosts. Lent to
         training, the worker loads the replica instead (its engine sleeps): the weight sync
         every rollout worker receives doubles as the replica's state fetch."""
+        with self.platform.profile_range("eddy.weights.receive"):
+            return await self._receive_weights(version, specs, hold)
+
+    async def _receive_weights(self, version: int, specs: list[WeightBucketSpec],
+                               hold: bool) -> int:
         if self.engine_receives:  # the engine's processes are ranks of the broadcast
             await self.engine.receive_weights(version, specs, hold=hold)
             return self.engine.version
@@ -178,6 +190,9 @@ class RolloutWorker:
     def node_address(self) -> str | None:
         return node_address()
 
+    def device_binding(self) -> dict[str, object]:
+        return self.device.as_dict()
+
     def configure(self, max_batch_size: int, partial_rollout: bool) -> int:
         """The adaptive scheduler's generation plan; returns the version the engine hosts."""
         self.engine.configure(max_batch_size=max_batch_size, partial_rollout=partial_rollout)
@@ -205,8 +220,9 @@ class TrainerRank:
         _prepare_process(config)
         self.config = config
         self.rank, self.world = rank, world
-        self.model_path = local_model_dir(model)
         self.platform = get_platform(role_platform_name(config, "train"))
+        self.device = bind_actor_device(self.platform, f"trainer rank {rank}")
+        self.model_path = local_model_dir(model)
         self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
                                              require_available=False)
         self._servers: dict[str, TcpStoreServer] = {}  # tcp rendezvous rank 0 serves
@@ -268,6 +284,11 @@ class TrainerRank:
         trainer's log-probs are from the sampler's on the same tokens (before the update).
         `replica_results`: Ray references to joined replicas' (gradients, metric sums) for this
         step, awaited only after this rank's own backward passes (elastic pool)."""
+        with self.platform.profile_range("eddy.train.step"):
+            return self._train(batch, replica_results, replica_tokens)
+
+    def _train(self, batch: TrainBatch, replica_results: list | None,
+               replica_tokens: int) -> dict[str, float]:
         if self.reference is not None:
             batch.ref_logprobs = self.reference.compute_logprobs(batch)
         chunks = self.config.train.mini_batches
@@ -330,7 +351,8 @@ class TrainerRank:
     def describe_weights(self) -> list[WeightBucketSpec]:
         """Host channels: the buckets themselves (rank 0); collective: after `send_weights`."""
         bucket_bytes = self.config.train.bucket_mb * 2**20
-        buckets = list(self.engine.export_weights(bucket_bytes))  # collective on all ranks
+        with self.platform.profile_range("eddy.weights.export"):
+            buckets = list(self.engine.export_weights(bucket_bytes))  # collective on all ranks
         if self.rank != 0 or self.channel is None:
             return []
         self._outgoing = buckets
@@ -339,8 +361,9 @@ class TrainerRank:
     def send_weights(self) -> None:
         """The sending half of a collective transfer (a no-op for host channels)."""
         if self.rank == 0 and self.channel is not None:
-            for bucket in self._outgoing:
-                self.channel.send(bucket)
+            with self.platform.profile_range("eddy.weights.send"):
+                for bucket in self._outgoing:
+                    self.channel.send(bucket)
         self._outgoing = []
 
     def save(self, path: str) -> None:
@@ -356,6 +379,9 @@ class TrainerRank:
 
     def node_address(self) -> str | None:
         return node_address()
+
+    def device_binding(self) -> dict[str, object]:
+        return self.device.as_dict()
 
     def collect(self, path: str) -> DirectoryShipment:
         """What this node holds of a `save_on_node`, as data for the driver."""
@@ -378,12 +404,14 @@ class TrainerRank:
 
     # ---- colocated placement: the device is the rollout engine's between training steps -----
     def offload(self) -> None:
-        for engine in filter(None, (self.engine, self.reference)):
-            engine.offload()
+        with self.platform.profile_range("eddy.train.offload"):
+            for engine in filter(None, (self.engine, self.reference)):
+                engine.offload()
 
     def onload(self) -> None:
-        for engine in filter(None, (self.engine, self.reference)):
-            engine.onload()
+        with self.platform.profile_range("eddy.train.onload"):
+            for engine in filter(None, (self.engine, self.reference)):
+                engine.onload()
 
     def version(self) -> int:
         return self.engine.version

@@ -111,3 +111,18 @@ def test_a_resume_refuses_another_seed_or_other_data():
     with pytest.raises(ConfigError, match=r"group 'g' names prompt 10, but the training data "
                                           r"has 10 prompts \(0 to 9\)"):
         check(index=10)
+
+
+def test_a_resume_on_another_platform_needs_the_platform_named():
+    state = run_state.RunState({"platforms": {"rollout": "npu", "train": "npu"}}, {}, {})
+    same = {"rollout": "npu", "train": "npu"}
+    run_state.check_platforms(state, same, {"rollout": False, "train": False})
+    moved = {"rollout": "npu", "train": "cpu"}
+    with pytest.raises(ConfigError) as err:  # auto (or EDDY_PLATFORM) found the CPU
+        run_state.check_platforms(state, moved, {"rollout": False, "train": False})
+    message = str(err.value)
+    assert "train role on platform 'npu'" in message and "resolved 'cpu'" in message
+    assert "train.platform=cpu" in message
+    run_state.check_platforms(state, moved, {"rollout": False, "train": True})  # named: moved
+    # a checkpoint from before platforms were recorded carries none: nothing to compare
+    run_state.check_platforms(run_state.RunState({}, {}, {}), moved, {})

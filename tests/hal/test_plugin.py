@@ -1,6 +1,7 @@
 """A third-party platform is found through the `eddyrl.platforms` entry point and used with no
 change to Eddy; a broken plug-in is a warning, not a crash."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,16 +32,24 @@ def _run(site: Path, *args: str, env: dict | None = None) -> subprocess.Complete
                           timeout=300)
 
 
+ENTRY = "example = eddy_example_platform:ExamplePlatform"
+
+
+def _hook_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_example_plugin_is_listed(tmp_path):
-    site = _site(tmp_path, "examplecpu = eddy_example_platform:ExampleCpuPlatform")
+    site = _site(tmp_path, ENTRY)
     out = _run(site, "-m", "eddyrl.cli", "platforms")
     assert out.returncode == 0, out.stderr
-    assert "examplecpu" in out.stdout
+    assert "example" in out.stdout and "EXAMPLE_DEVICE" in out.stdout
     assert "cpu (auto)" in out.stdout  # only by name: it never displaces detection
 
 
 def test_example_plugin_is_used_by_name_and_env(tmp_path):
-    site = _site(tmp_path, "examplecpu = eddy_example_platform:ExampleCpuPlatform")
+    site = _site(tmp_path, ENTRY)
+    log = tmp_path / "hooks.jsonl"
     code = ("from eddyrl.hal import get_platform\n"
             "from eddyrl.config import load_config\n"
             "from eddyrl.runtime.placement import resolve_role_platforms\n"
@@ -48,16 +57,19 @@ def test_example_plugin_is_used_by_name_and_env(tmp_path):
             "p = get_platform()\n"
             "with p.profile_range('step'):\n"
             "    x = torch.ones(3, device=p.device()) * 2\n"
-            "roles = resolve_role_platforms(load_config(overrides=['rollout.platform=examplecpu']))\n"
-            "print(type(p).__name__, p.ranges, float(x.sum()), roles.rollout.name)\n")
-    out = _run(site, "-c", code, env={"EDDY_PLATFORM": "examplecpu"})
+            "roles = resolve_role_platforms(load_config(overrides=['rollout.platform=example']))\n"
+            "print(type(p).__name__, float(x.sum()), roles.rollout.name, p.device_count())\n")
+    out = _run(site, "-c", code, env={"EDDY_PLATFORM": "example",
+                                      "EXAMPLE_PLATFORM_LOG": str(log)})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ExampleCpuPlatform", "['step']", "6.0", "examplecpu"]
+    assert out.stdout.split() == ["ExamplePlatform", "6.0", "example", "4"]
+    assert [(h["hook"], h["name"]) for h in _hook_log(log)] == [("range_start", "step"),
+                                                               ("range_end", "step")]
 
 
 def test_example_plugin_passes_the_contract_suite(tmp_path):
-    site = _site(tmp_path, "examplecpu = eddy_example_platform:ExampleCpuPlatform")
-    out = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "examplecpu",
+    site = _site(tmp_path, ENTRY)
+    out = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "example",
                str(ROOT / "tests" / "hal" / "test_contract.py"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert " passed" in out.stdout and "failed" not in out.stdout

@@ -88,6 +88,7 @@ def test_a_run_across_two_hosts_then_host_b_lost_and_the_resume_on_host_a(ray_cl
             first.kill()
             first.wait()
     # 1. across the hosts
+    placement = placement["placement"]
     assert sorted(placement["trainer"]) == sorted([a.address, b.address]), placement
     assert sorted(placement["rollout"]) == sorted([a.address, b.address]), placement
     assert len(shards) == 2, shards  # both ranks' optimizer shards (B's through the driver)

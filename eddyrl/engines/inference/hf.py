@@ -150,7 +150,7 @@ class HFInferenceEngine(InferenceEngine):
     def _forward(self, ids: torch.Tensor, state: dict) -> torch.Tensor:
         mask = state["mask"]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self.platform.profile_range("eddy.rollout.forward"):
             started = time.perf_counter()
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              past_key_values=state["cache"], use_cache=True)
@@ -244,7 +244,7 @@ class HFInferenceEngine(InferenceEngine):
         """The only step on the critical path: staging copy -> model weights, between steps."""
         staged = self._staged
         targets = self.model.state_dict(keep_vars=True)
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self.platform.profile_range("eddy.weights.apply"):
             for name, tensor in staged.items():
                 targets[name].data.copy_(tensor.to(self.device))
             self._gate.apply()

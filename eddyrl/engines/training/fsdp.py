@@ -155,7 +155,8 @@ class FSDPTrainEngine(TrainEngine):
         self.model.eval()
         rows = []
         for micro, padding in self._micro_batches(batch):
-            logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
+            with self.platform.profile_range("eddy.train.logprobs"):
+                logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
             if not padding:
                 rows.append(logprobs)
         # FSDP2 keeps the root's parameters (embeddings, final norm, LM head) gathered after a
@@ -186,14 +187,16 @@ class FSDPTrainEngine(TrainEngine):
         loss_sum, metric_sums = 0.0, {}
         for index, (micro, padding) in enumerate(self._micro_batches(batch)):
             micro = micro.to(self.device)
-            logprobs = self._logprobs(micro)
-            if logprobs_out is not None and not padding:
-                rows = slice(index * self.micro_batch_size, index * self.micro_batch_size
-                             + len(micro))
-                logprobs_out[rows] = logprobs.detach().to(logprobs_out.device)
-            loss, metrics = loss_fn(logprobs, micro, total_tokens)
+            with self.platform.profile_range("eddy.train.forward"):
+                logprobs = self._logprobs(micro)
+                if logprobs_out is not None and not padding:
+                    rows = slice(index * self.micro_batch_size, index * self.micro_batch_size
+                                 + len(micro))
+                    logprobs_out[rows] = logprobs.detach().to(logprobs_out.device)
+                loss, metrics = loss_fn(logprobs, micro, total_tokens)
             # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
-            (loss * self.world_size).backward()
+            with self.platform.profile_range("eddy.train.backward"):
+                (loss * self.world_size).backward()
             tokens = 0.0 if padding else float(micro.loss_mask.sum())
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
@@ -201,6 +204,20 @@ class FSDPTrainEngine(TrainEngine):
 
         if external_grads is not None:
             self._add_external_grads(external_grads())
+        with self.platform.profile_range("eddy.train.optimizer"):
+            grad_norm, nonfinite = self._optimizer_step(total_tokens, loss_sum)
+        self.version += 1
+
+        names = sorted(metric_sums)
+        sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
+                                          dtype=torch.float64), op="sum").tolist()
+        out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens),
+               "skipped_updates": float(nonfinite)}
+        out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
+        return out
+
+    def _optimizer_step(self, total_tokens: int, loss_sum: float) -> tuple[float, bool]:
+        """Clip and step; returns the gradient norm and whether it was non-finite."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -217,15 +234,7 @@ class FSDPTrainEngine(TrainEngine):
             log.warning(f"optimizer step skipped at version {self.version}: the gradient norm is "
                         f"{grad_norm} (loss {loss_sum}); weights and optimizer state unchanged")
         self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-
-        names = sorted(metric_sums)
-        sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
-                                          dtype=torch.float64), op="sum").tolist()
-        out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens),
-               "skipped_updates": float(nonfinite)}
-        out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
-        return out
+        return grad_norm, nonfinite
 
     @torch.no_grad()
     def _add_external_grads(self, grads: dict[str, torch.Tensor]) -> None:
