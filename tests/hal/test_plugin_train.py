@@ -4,7 +4,6 @@ device index, Eddy's phases in the vendor's profiler ranges, the platform record
 resume on another platform refused."""
 
 import json
-from pathlib import Path
 
 import pytest
 from test_plugin import ENTRY, _hook_log, _run, _site

@@ -68,7 +68,8 @@ def test_a_node_whose_devices_are_all_held_says_by_whom(node_tmp):
             held = [devices.claim_device(platform, f"holder {i}") for i in range(3)]
             os.write(write, b"x")
             os.read(go_r, 1)
-            del held
+            for _, handle in held:
+                handle.close()
         finally:
             os._exit(0)
     try:
