@@ -193,12 +193,15 @@ class RayRuntime(RayCalls, WorkerReplacement):
         trainer_devices = self._get_all([(f"trainer rank {r}", "device",
                                           t.device_binding.remote())
                                          for r, t in enumerate(self.trainers)])
-        shared = [d["index"] if self.colocated else None for d in trainer_devices]
+
+        def shared(index: int) -> int | None:  # colocated: pair i's device (trainer's claim)
+            return trainer_devices[index]["index"] if self.colocated else None
+
         # the incarnation counts a rollout worker's replacements after losses
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
             **actor_options(rollout_platform, cpus, share, groups["rollout"], index)
-        ).remote(config, index, model, shared[index])
+        ).remote(config, index, model, shared(index))
         self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
         self._incarnations = [0] * len(self.workers)
         self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
