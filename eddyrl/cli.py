@@ -27,6 +27,33 @@ def cmd_platforms(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_platforms_check(ns: argparse.Namespace) -> int:
+    """The platform contract against one platform: a table, exit 1 when a check failed."""
+    from .platform_checks import CHECKS, run_checks, select
+    from .ui import platform_checks_table
+
+    selected = select(ns.only)  # an unknown --only name fails here, before any check runs
+    if any(check.group == "engines" for check in selected):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar per model load would bury the progress
+    total = len(selected)
+    done: list = []
+
+    def progress(result) -> None:
+        done.append(result)
+        print(f"[{len(done)}/{total}] {result.name}: {result.status} "
+              f"({result.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    results = run_checks(ns.name, ns.only, on_result=progress)
+    platform_checks_table(ns.name, results, {name: c.summary for name, c in CHECKS.items()})
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump({"platform": ns.name, "results": [r.as_dict() for r in results]}, f,
+                      indent=2)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
 def cmd_config_show(ns: argparse.Namespace) -> int:
     from .config import load_config, read_yaml, resolve_config, to_yaml
 
@@ -285,8 +312,21 @@ def build_parser() -> argparse.ArgumentParser:
                                      "GPUs, Ascend NPUs and CPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("platforms", help="list known platforms and whether each is usable here")
-    p.set_defaults(func=cmd_platforms)
+    p = sub.add_parser("platforms", help="list known platforms and whether each is usable "
+                       "here; `eddy platforms check NAME` runs the platform contract on one")
+    p.set_defaults(func=cmd_platforms)  # no sub-command: the list, as before
+    platforms_sub = p.add_subparsers(dest="platforms_command", metavar="{check}")
+    p = platforms_sub.add_parser("check", help="run the platform contract (HAL hooks, "
+                                 "2-process collectives, the engines on the device) on "
+                                 "platform NAME; exit status 1 when a check fails",
+                                 description="Run the platform contract on platform NAME and "
+                                 "print a pass/fail table: exit status 0 when no check failed, "
+                                 "1 when one did, 2 when NAME is unknown or not usable here.")
+    p.add_argument("name", metavar="NAME", help="a platform name (`eddy platforms` lists them)")
+    p.add_argument("--only", nargs="+", action="extend", metavar="CHECK",
+                   help="run only these checks or groups (platform, collectives, engines)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
+    p.set_defaults(func=cmd_platforms_check)
 
     p = sub.add_parser("train", help="RL training: [config.yaml | bundled name] "
                        "[key=value ...] (no argument: the bundled tiny model on the CPU; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 if not console.is_terminal:  # pipes and CI logs: do not squeeze tables into 80 columns
@@ -30,6 +31,29 @@ def platforms_table(rows: list[dict], chosen: str) -> None:
         detail = row["device_name"] if row["available"] else f"unavailable: {row['reason']}"
         console.print(f"  {row['name']}: {detail}", highlight=False, markup=False,
                       soft_wrap=True)  # one line each, however long the reason
+
+
+_STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+
+
+def platform_checks_table(platform: str, results: list, summaries: dict[str, str]) -> None:
+    """`eddy platforms check`: one row per check (`CheckResult`s), then one line per failure
+    with its message in full."""
+    table = Table(title=f"Eddy platform checks: {platform}", title_justify="left")
+    for column in ("check", "group", "result", "seconds"):
+        table.add_column(column, no_wrap=True)  # names stay whole, for grep too
+    for column in ("what it checks", "detail"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r.name, r.group, f"[{_STATUS_STYLE[r.status]}]{r.status}[/]",
+                      f"{r.seconds:.1f}", summaries.get(r.name, ""),
+                      Text(r.detail if r.status != "failed" else "see below"))
+    console.print(table)
+    counts = {status: sum(r.status == status for r in results) for status in _STATUS_STYLE}
+    console.print(", ".join(f"{n} {status}" for status, n in counts.items()), highlight=False)
+    for r in results:
+        if r.status == "failed":
+            console.print(f"FAILED {r.name}: {r.detail}", highlight=False, markup=False)
 
 
 class TrainProgress:

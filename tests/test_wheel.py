@@ -1,5 +1,6 @@
 """The wheel carries what the installed commands need: build it, install it into a fresh venv
-outside the checkout, and run `eddy sim <scenario>` and `eddy config show` there.
+outside the checkout, and run `eddy sim <scenario>`, `eddy config show` and `eddy platforms
+check` there.
 
 Offline: the wheel is built with the setuptools already installed (`--no-build-isolation`); the
 venv is made `--without-pip`, and this venv's pip (`pip --python NEW_VENV_PYTHON`) installs
@@ -10,6 +11,7 @@ editable install's among them, are not processed). The test asserts that the edd
 the wheel's copy.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -71,7 +73,8 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch):
                     "eddyrl/configs/tool_add_tiny.yaml", "eddyrl/configs/modes/replay.yaml",
                     "eddyrl/configs/recipes/README.md",
                     "eddyrl/configs/recipes/qwen3_4b_dapo_math_gpu.yaml",
-                    "eddyrl/assets/tiny_warmstart/config.json"):
+                    "eddyrl/assets/tiny_warmstart/config.json",
+                    "eddyrl/platform_checks/contract.py", "eddyrl/platform_checks/runner.py"):
         assert shipped in names, shipped
 
     venv = tmp_path / "venv"
@@ -99,4 +102,13 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch):
     assert "platform: auto" in defaults and "rollout:" in defaults, defaults
     replay = _run([eddy, "config", "show", "modes/replay"], outside, env)  # a bundled mode file
     assert "replay:" in replay and replay != defaults, replay
+    # the platform contract from the wheel: the HAL hooks, two spawned ranks (which import the
+    # wheel's copy) and the hf engine on the shipped tiny model (package data); the whole suite
+    # takes ~30 s more, which the checkout's tests/hal/test_platform_check_cli.py runs
+    report = tmp_path / "checks.json"
+    checks = _run([eddy, "platforms", "check", "cpu", "--only", "platform", "collective_ops",
+                   "hf_generate", "--json", report], outside, env)
+    results = json.loads(report.read_text())["results"]
+    assert len(results) == 12 and {r["status"] for r in results} == {"passed"}, results
+    assert "12 passed, 0 failed, 0 skipped" in checks, checks
     assert not any(outside.iterdir()), list(outside.iterdir())  # nothing written to the cwd

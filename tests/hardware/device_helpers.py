@@ -1,19 +1,20 @@
 """Shared by the accelerator tests and the ranks they spawn: requests of different prompt lengths
-(so the sampler left-pads), generation, a trainer at world size 1, and the log-prob tolerance."""
+(so the sampler left-pads), generation, a trainer at world size 1, and the log-prob tolerance.
+
+The engine helpers are the package's (`eddyrl/platform_checks/engines.py`, which `eddy platforms
+check` runs), so the tests here and the shipped engine checks drive the engines the same way."""
 
 from __future__ import annotations
 
-import asyncio
-
 import torch
 
-from eddyrl.core.losses import make_policy_loss
-from eddyrl.protocol import GenerationRequest, SamplingParams
-from eddyrl.engines.registry import load_engine_class
+from eddyrl.platform_checks.engines import (PROMPTS, collect, greedy, make_trainer,
+                                            policy_loss, requests, trained_weights)
 
-# Token ids of the tiny character vocabulary; lengths 5, 3, 8 and 2.
-PROMPTS = ((1, 35, 33, 19, 5), (1, 20, 7), (1, 9, 9, 30, 31, 12, 8, 2), (1, 40))
-LOSS = make_policy_loss(clip_low=0.2, clip_high=0.28, kl_coef=0.05)
+__all__ = ["LOSS", "PROMPTS", "collect", "greedy", "logprob_tolerance", "make_trainer",
+           "requests", "trained_weights"]
+
+LOSS = policy_loss()
 
 # Largest |sampler - trainer| log-prob gap accepted, by torch's fp32 matmul precision. "highest"
 # (torch's default; neither the HAL nor the engines change it) keeps fp32 GEMMs in full fp32, so
@@ -27,37 +28,3 @@ LOGPROB_TOLERANCE = {"highest": 1e-3, "high": 5e-2, "medium": 5e-2}
 def logprob_tolerance() -> tuple[str, float]:
     precision = torch.get_float32_matmul_precision()
     return precision, LOGPROB_TOLERANCE[precision]
-
-
-def requests(prefix: str, max_new: int, temperature: float,
-             prompts=PROMPTS) -> list[GenerationRequest]:
-    return [GenerationRequest(f"{prefix}{i}", list(prompt),
-                              SamplingParams(max_new_tokens=max_new + 3 * i,
-                                             temperature=temperature))
-            for i, prompt in enumerate(prompts)]
-
-
-def collect(engine, reqs: list[GenerationRequest]) -> list:
-    """Every result of one generate call, by request id."""
-    async def run():
-        return [r async for r in engine.generate(reqs)]
-    return sorted(asyncio.run(run()), key=lambda r: r.request_id)
-
-
-def greedy(engine, max_new: int = 16) -> tuple[list[list[int]], list[list[float]]]:
-    results = collect(engine, requests("greedy", max_new, temperature=0.0))
-    return [r.token_ids for r in results], [r.logprobs for r in results]
-
-
-def make_trainer(model_dir: str, platform, init_file: str, **overrides):
-    """The FSDP engine at world size 1: its own process group, through the platform."""
-    kwargs = dict(lr=1e-3, micro_batch_size=3, seed=0)
-    kwargs.update(overrides)
-    engine_class = load_engine_class("train", "fsdp")
-    return engine_class(model_dir, platform, 0, 1, f"file://{init_file}", **kwargs)
-
-
-def trained_weights(engine) -> dict[str, torch.Tensor]:
-    """Full weights on the host (rank 0 of a one-rank trainer)."""
-    return {k: v.detach().cpu().clone() for bucket in engine.export_weights(1 << 30)
-            for k, v in bucket.items()}
