@@ -67,12 +67,17 @@ def test_example_plugin_is_used_by_name_and_env(tmp_path):
                                                                ("range_end", "step")]
 
 
-def test_example_plugin_passes_the_contract_suite(tmp_path):
+def test_example_plugin_passes_eddy_platforms_check(tmp_path):
+    """The template passes the whole shipped contract, engines and collectives included."""
     site = _site(tmp_path, ENTRY)
-    out = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "example",
-               str(ROOT / "tests" / "hal" / "test_contract.py"))
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert " passed" in out.stdout and "failed" not in out.stdout
+    out = _run(site, "-m", "eddyrl.cli", "platforms", "check", "example", "--json",
+               str(tmp_path / "checks.json"))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    results = json.loads((tmp_path / "checks.json").read_text())
+    assert results["platform"] == "example"
+    statuses = {row["name"]: row["status"] for row in results["results"]}
+    assert statuses and set(statuses.values()) == {"passed"}, statuses
+    assert {"identity", "collective_ops", "hf_generate", "fsdp_train_step"} <= set(statuses)
 
 
 @pytest.mark.parametrize("entry", ["broken = no_such_module:Platform",
