@@ -118,7 +118,8 @@ class RolloutWorker:
             self.channel.close()
             self.channel = None
         if self._engine_ranks(kind):
-            self.engine.connect_weight_channel(rendezvous, rank, world, timeout_s)
+            self.engine.connect_weight_channel(rendezvous, rank, world, timeout_s,
+                                               address=node_address())
             self.engine_receives = True
             return
         self.channel = open_weight_channel(self.train_platform, self.platform, rank=rank,

@@ -110,9 +110,12 @@ class InferenceEngine(abc.ABC):
         return 0
 
     def connect_weight_channel(self, rendezvous: str, rank_offset: int, world_size: int,
-                               timeout_s: float = 600.0) -> None:
+                               timeout_s: float = 600.0, address: str | None = None) -> None:
         """Join the trainer's broadcast group (rank 0 sends) as ranks `rank_offset` ...
-        `rank_offset + weight_ranks() - 1`; only engines whose `weight_ranks()` is > 0."""
+        `rank_offset + weight_ranks() - 1`; only engines whose `weight_ranks()` is > 0.
+        `address`: this node's cluster address, where the engine's processes put their
+        collective sockets (`Platform.use_network`); None keeps a `file://` group on
+        loopback."""
         raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")
 
     async def receive_weights(self, version: int, specs: list[WeightBucketSpec]) -> None:

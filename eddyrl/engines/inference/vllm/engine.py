@@ -288,9 +288,9 @@ class VLLMInferenceEngine(InferenceEngine):
         return int(self._llm.vllm_config.parallel_config.world_size)
 
     def connect_weight_channel(self, rendezvous: str, rank_offset: int, world_size: int,
-                               timeout_s: float = 600.0) -> None:
+                               timeout_s: float = 600.0, address: str | None = None) -> None:
         self._thread.run(transfer.connect(self._rpc_all, self.platform.name, rendezvous,
-                                               rank_offset, world_size, timeout_s))
+                                          rank_offset, world_size, timeout_s, address))
         self._receiving = True
 
     async def receive_weights(self, version: int, specs: list[WeightBucketSpec], *,

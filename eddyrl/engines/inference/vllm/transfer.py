@@ -54,10 +54,12 @@ def plain_spec(spec) -> PlainSpec:
 
 
 async def connect(rpc_all: RpcAll, platform_name: str, rendezvous: str, rank_offset: int,
-                  world_size: int, timeout_s: float) -> list[int]:
-    """Every worker joins the group; returns their ranks (checked to be distinct, in range)."""
+                  world_size: int, timeout_s: float, address: str | None = None) -> list[int]:
+    """Every worker joins the group; returns their ranks (checked to be distinct, in range).
+    `address`: the node's cluster address (the workers run on the adapter's node), where a
+    `tcp://` group's sockets go."""
     ranks = await rpc_all("eddy_connect_weights", platform_name, rendezvous, rank_offset,
-                          world_size, timeout_s)
+                          world_size, timeout_s, address)
     if len(set(ranks)) != len(ranks) or not all(0 < r < world_size for r in ranks):
         raise RuntimeError(f"vLLM workers took weight-group ranks {ranks} (offset "
                            f"{rank_offset}, world size {world_size}): not distinct ranks "
@@ -86,14 +88,16 @@ class WeightReceiver:
     and the broadcasts it has posted but not yet waited for."""
 
     def eddy_connect_weights(self, platform_name: str, rendezvous: str, rank_offset: int,
-                             world_size: int, timeout_s: float) -> int:
+                             world_size: int, timeout_s: float,
+                             address: str | None = None) -> int:
         from ....hal import get_platform
         from ....hal.weight_channel import CollectiveChannel
 
         self.eddy_close_weights()  # a new group replaces the old one
         rank = rank_offset + self.rank  # the worker's rank among the engine's workers
         self._eddy_channel = CollectiveChannel.connect(get_platform(platform_name), rendezvous,
-                                                       rank, world_size, timeout_s)
+                                                       rank, world_size, timeout_s,
+                                                       address=address)
         return rank
 
     def eddy_receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]
