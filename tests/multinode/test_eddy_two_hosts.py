@@ -125,3 +125,65 @@ def test_a_run_across_two_hosts_then_host_b_lost_and_the_resume_on_host_a(ray_cl
     print(f"host B killed: the run ended {ended_s:.1f} s later ({last}); the resume from step "
           f"{newest} to {steps} on host A took {resumed_s:.1f} s; held-out accuracy {warm_start:.3f} "
           f"-> {summary['final_eval_accuracy']:.3f}; cluster up in {cluster.startup_s}")
+
+
+@pytest.mark.slow
+def test_host_b_lost_under_a_rollout_worker_the_run_goes_on_on_host_a(ray_cluster_factory):
+    """The rollout side of a node loss: the trainer on host A, rollout worker 1 alone on host
+    B. Host B's Ray killed while the next batch generates (K = 1): worker 1 is lost, its
+    requests go back to the queue and are regenerated on host A, a replacement process starts
+    on A (Ray moves its placement-group bundle there), and the run finishes with every group
+    trained exactly once as fresh.
+
+    Placement, forced by resources: each actor takes one CPU (`cluster.num_cpus=8` over four
+    shares, capped at one); the rollout workers' SPREAD group is reserved first, one bundle a
+    host, which fills B's one CPU, so the trainer goes to A; A's third CPU is the
+    replacement's."""
+    cluster = ray_cluster_factory(num_cpus={"A": 3, "B": 1})
+    a, b = cluster.hosts.a, cluster.hosts.b
+    shutil.copytree(WARM_START, a.path("/tmp/model"))
+    steps = 6
+    run = [arg for arg in RUN if not arg.startswith(("train.num_workers", "cluster.train_",
+                                                     "checkpoint.every"))]
+    first = a.popen([sys.executable, "-m", "eddyrl.cli", "train",
+                     f"cluster.address={cluster.address}", *run, "train.num_workers=1",
+                     "cluster.train_strategy=any", "cluster.num_cpus=8", f"loop.steps={steps}"],
+                    env=cluster.env({"EDDY_PLATFORM": "cpu"}), stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE, text=True)
+    metrics = a.path("/tmp/work/run/metrics.jsonl")
+
+    def steps_logged() -> int:
+        return len(metrics.read_text().splitlines()) - 1 if metrics.exists() else 0
+
+    try:
+        _wait_for(lambda: steps_logged() >= 2, "step 2", process=first)
+        placement = json.loads(a.path("/tmp/work/run/placement.json").read_text())["placement"]
+        cluster.stop_node(b)  # the step just ended: worker 1 is generating the next batch
+        killed_at = time.monotonic()
+        _, err = first.communicate(timeout=1200)
+        finished_s = time.monotonic() - killed_at
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert placement == {"trainer": [a.address], "rollout": [a.address, b.address]} or \
+        placement == {"trainer": [a.address], "rollout": [b.address, a.address]}, placement
+    assert first.returncode == 0, err[-3000:]
+    summary = json.loads(a.path("/tmp/work/run/summary.json").read_text())
+    assert summary["steps"] == steps
+    assert summary["workers_lost"] >= 1 and summary["rollout_replacements"] >= 1, summary
+    lines = [json.loads(line) for line in metrics.open()]
+    regenerated = sum(m.get("regenerated_requests", 0) for m in lines)
+    from eddyrl.core.ledger import Ledger
+
+    groups = Ledger.from_dict(_ledger(a)).to_dict()["groups"]
+    fresh = [g for g in groups.values()
+             if any(h["state"] == "trained_fresh" for h in g["history"])]
+    # every group a step kept (equal-reward groups are dropped) was trained fresh, once
+    assert len(fresh) == sum(m["groups_kept"] for m in lines[1:]) > 0
+    for group in fresh:  # each trained fresh exactly once
+        assert [h["state"] for h in group["history"]].count("trained_fresh") == 1
+    assert summary["final_eval_accuracy"] > lines[0]["eval_accuracy"]
+    print(f"host B killed after step 2: {regenerated} requests regenerated on host A, "
+          f"{summary['rollout_replacements']} replacement(s); the run finished {finished_s:.1f}"
+          f" s later; cluster up in {cluster.startup_s}")
