@@ -103,7 +103,7 @@ def check_collectives(platform: Platform) -> str:
     _needs_two_devices(platform)
     with tempfile.TemporaryDirectory(prefix="eddy_check_") as work:
         _spawn(_collectives_worker, platform.name, work)
-        results = [torch.load(f"{work}/out.{rank}") for rank in range(WORLD)]
+        results = [torch.load(f"{work}/out.{rank}", weights_only=True) for rank in range(WORLD)]
     for rank, r in enumerate(results):
         assert r["world"] == WORLD, f"rank {rank}: world_size() = {r['world']}, not {WORLD}"
         assert r["device"] == platform.device_type, \
@@ -151,7 +151,7 @@ def check_collective_weight_channel(platform: Platform) -> str:
     _needs_two_devices(platform)
     with tempfile.TemporaryDirectory(prefix="eddy_check_") as work:
         _spawn(_channel_worker, platform.name, work)
-        r = torch.load(f"{work}/out.pt")
+        r = torch.load(f"{work}/out.pt", weights_only=True)
     assert r["buckets"] >= 2, f"the weights went in {r['buckets']} bucket(s), expected >= 2"
     assert r["received"].keys() == r["expected"].keys(), \
         f"rank 1 received {sorted(r['received'])}, rank 0 sent {sorted(r['expected'])}"

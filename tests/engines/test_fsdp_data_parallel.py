@@ -98,7 +98,12 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
             assert ranks[1][step][0][key] == got_metrics[key], (step, key)  # ranks agree
         assert got.keys() == want.keys()
         worst = max((got[k] - want[k]).abs().max().item() for k in want)
-        assert worst < 1e-5, f"step {step}: max abs weight difference {worst:.2e}"
+        # Adam divides each gradient element by its own magnitude (plus eps = 1e-8), so for an
+        # element whose gradient is near eps, float summation order (which rows share a
+        # micro-batch: here 2+2 rows on the ranks, two length-sorted pairs on the one rank)
+        # moves the step by a visible fraction of lr (measured: 1.5e-5 at lr 1e-3). A wrong
+        # row, mask or position moves weights by ~lr: 5e-5 still tells the two apart.
+        assert worst < 5e-5, f"step {step}: max abs weight difference {worst:.2e}"
 
     # A two-rank checkpoint restores weights and the sharded optimizer state exactly.
     (replay_metrics, replayed), (step2_metrics, step2) = results[0]["replay"][0], ranks[0][1]

@@ -51,7 +51,40 @@ def test_logprobs_match_a_plain_forward_at_temperature(make_engine, model_dir, b
     got = engine.compute_logprobs(batch)
     want = hf_logprobs(model_dir, batch.input_ids, batch.attention_mask, temperature=0.7)
     assert got.shape == batch.input_ids.shape and torch.all(got[:, 0] == 0)
-    assert (got - want).abs().max().item() < 1e-5
+    real = batch.attention_mask.bool()
+    assert (got - want)[real].abs().max().item() < 1e-5
+    assert torch.all(got[~real] == 0)  # padding: 0
+
+
+def test_length_sorted_cut_micro_batches_take_the_padded_batchs_step(make_engine, model_dir,
+                                                                    batch):
+    """The optimised path (issue 20): micro-batches of like-length rows, each cut after its
+    longest row (`engines/training/base.py::micro_batches`). Pinned to the straightforward
+    computation: one plain transformers forward and backward over the whole padded batch, in
+    row order. The step's loss, gradient norm and pre-update log-probs agree to float
+    summation order."""
+    from transformers import AutoModelForCausalLM
+
+    from eddyrl.engines.training.base import micro_batches, token_logprobs
+
+    parts = micro_batches(batch, 2)  # rows of 9, 6, 7 and 6 tokens: (6, 6) then (7, 9)
+    assert [rows.tolist() for rows, _ in parts] == [[1, 3], [2, 0]]
+    assert [micro.input_ids.shape[1] for _, micro in parts] == [6, 9]
+    engine = make_engine(micro_batch_size=2)
+    got_logprobs = torch.full(batch.input_ids.shape, float("nan"))
+    metrics = engine.train_step(batch, LOSS, logprobs_out=got_logprobs)
+
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    logprobs = token_logprobs(plain, batch.input_ids, batch.attention_mask, 1.0)
+    loss, _ = LOSS(logprobs, batch, batch.num_tokens())
+    loss.backward()
+    norm = torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()
+                                          if p.grad is not None])
+    real = batch.attention_mask.bool()
+    assert (got_logprobs - logprobs.detach())[real].abs().max().item() < 1e-5
+    assert torch.all(got_logprobs[~real] == 0)
+    assert abs(metrics["loss"] - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
+    assert abs(metrics["grad_norm"] - float(norm)) <= 1e-5 * float(norm)
 
 
 def test_train_step_updates_weights_and_version(make_engine, batch):

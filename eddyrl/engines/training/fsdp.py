@@ -33,7 +33,7 @@ from ...protocol import TrainBatch
 from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
-from .base import LossFn, TrainEngine, token_logprobs
+from .base import LossFn, TrainEngine, micro_batches, place_rows, token_logprobs
 from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
 
 log = logging.getLogger(__name__)
@@ -126,15 +126,14 @@ class FSDPTrainEngine(TrainEngine):
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
     # ---- micro-batches ------------------------------------------------------------------
-    def _micro_batches(self, batch: TrainBatch) -> list[tuple[TrainBatch, bool]]:
-        """This rank's rows in micro-batches, padded with empty ones (flag True) to the count of
-        the busiest rank: FSDP forward/backward are collectives, so every rank must run the same
-        number. At least one, so that a rank with no rows still takes part."""
-        mbs = self.micro_batch_size
-        mine = math.ceil(len(batch) / mbs)
-        count = int(hd.all_reduce(torch.tensor([max(mine, 1)]), op="max").item())
-        micro = [(batch.select(slice(i * mbs, (i + 1) * mbs)), False) for i in range(mine)]
-        return micro + [(self._padding_row(batch), True)] * (count - mine)
+    def _micro_batches(self, batch: TrainBatch) -> list[tuple[torch.Tensor | None, TrainBatch]]:
+        """This rank's rows in micro-batches (`base.micro_batches`: like lengths together, cut
+        after the longest row), with their row indices; padded with empty ones (indices None)
+        to the count of the busiest rank: FSDP forward/backward are collectives, so every rank
+        must run the same number. At least one, so that a rank with no rows still takes part."""
+        mine = micro_batches(batch, self.micro_batch_size)
+        count = int(hd.all_reduce(torch.tensor([max(len(mine), 1)]), op="max").item())
+        return mine + [(None, self._padding_row(batch))] * (count - len(mine))
 
     @staticmethod
     def _padding_row(batch: TrainBatch) -> TrainBatch:
@@ -144,7 +143,7 @@ class FSDPTrainEngine(TrainEngine):
                            dtype=getattr(batch, f.name).dtype)
                for f in dataclasses.fields(batch)}
         row["attention_mask"] = torch.ones_like(row["attention_mask"])
-        return TrainBatch(**row)
+        return TrainBatch(**row).select_columns(1)  # one position: it only keeps FSDP in step
 
     def _logprobs(self, micro: TrainBatch) -> torch.Tensor:
         return token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature)
@@ -153,20 +152,18 @@ class FSDPTrainEngine(TrainEngine):
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        rows = []
-        for micro, padding in self._micro_batches(batch):
+        out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
+        for rows, micro in self._micro_batches(batch):
             with self.platform.profile_range("eddy.train.logprobs"):
                 logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
-            if not padding:
-                rows.append(logprobs)
+            if rows is not None:
+                place_rows(out, rows, micro, logprobs)
         # FSDP2 keeps the root's parameters (embeddings, final norm, LM head) gathered after a
         # forward, expecting a backward to reshard them; with none coming they would stay full
         # size on every rank (for good, on a KL reference engine) and `offload` would move the
         # gathered copies instead of the shards.
         self.model.reshard()
-        if not rows:
-            return torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
-        return torch.cat(rows).to(batch.input_ids.device)
+        return out
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, *, extra_tokens: int = 0,
                    external_grads: Callable[[], dict[str, torch.Tensor]] | None = None,
@@ -185,14 +182,15 @@ class FSDPTrainEngine(TrainEngine):
         local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
         total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item())) + extra_tokens
         loss_sum, metric_sums = 0.0, {}
-        for index, (micro, padding) in enumerate(self._micro_batches(batch)):
+        if logprobs_out is not None:
+            logprobs_out.zero_()  # positions after a micro-batch's cut: 0, as on padding
+        for rows, micro in self._micro_batches(batch):
+            padding = rows is None
             micro = micro.to(self.device)
             with self.platform.profile_range("eddy.train.forward"):
                 logprobs = self._logprobs(micro)
                 if logprobs_out is not None and not padding:
-                    rows = slice(index * self.micro_batch_size, index * self.micro_batch_size
-                                 + len(micro))
-                    logprobs_out[rows] = logprobs.detach().to(logprobs_out.device)
+                    place_rows(logprobs_out, rows, micro, logprobs.detach())
                 loss, metrics = loss_fn(logprobs, micro, total_tokens)
             # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
             with self.platform.profile_range("eddy.train.backward"):

@@ -15,7 +15,7 @@ import torch
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...hal import Platform
-from .base import LossFn, token_logprobs
+from .base import LossFn, micro_batches, place_rows, token_logprobs
 
 
 class GradientReplica:
@@ -47,11 +47,12 @@ class GradientReplica:
         """[B, L] log-probs under the current weights (the proximal policy of a one-step
         update)."""
         self.model.eval()
-        rows = [token_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                               self.temperature)
-                for micro in (batch.select(slice(s, s + self.micro_batch_size)).to(self.device)
-                              for s in range(0, len(batch), self.micro_batch_size))]
-        return torch.cat(rows).cpu() if rows else torch.zeros(batch.input_ids.shape)
+        out = torch.zeros(batch.input_ids.shape)
+        for rows, micro in micro_batches(batch, self.micro_batch_size):
+            micro = micro.to(self.device)
+            place_rows(out, rows, micro, token_logprobs(self.model, micro.input_ids,
+                                                        micro.attention_mask, self.temperature))
+        return out
 
     def gradients(self, batch: TrainBatch, loss_fn: LossFn, total_tokens: int,
                   ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -60,8 +61,8 @@ class GradientReplica:
         self.model.train()
         self.model.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss": 0.0}
-        for start in range(0, len(batch), self.micro_batch_size):
-            micro = batch.select(slice(start, start + self.micro_batch_size)).to(self.device)
+        for _, micro in micro_batches(batch, self.micro_batch_size):
+            micro = micro.to(self.device)
             logprobs = token_logprobs(self.model, micro.input_ids, micro.attention_mask,
                                       self.temperature)
             loss, metrics = loss_fn(logprobs, micro, total_tokens)
