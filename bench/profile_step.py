@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--hogs", type=int, default=0)
     parser.add_argument("--ops", type=int, default=12, help="rows of the op table (0: none)")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="train.micro_batch_size (default: the default config's)")
     args = parser.parse_args()
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -79,7 +81,7 @@ def run(args) -> None:
     rendezvous = tempfile.mkdtemp(prefix="profile-")
     trainer = FSDPTrainEngine(model_path, platform, rank=0, world_size=1,
                               init_method=f"file://{rendezvous}/group", lr=config.train.lr,
-                              micro_batch_size=config.train.micro_batch_size,
+                              micro_batch_size=args.micro_batch or config.train.micro_batch_size,
                               temperature=config.rollout.temperature)
     loss_fn = _policy_loss(config)
     n, k = config.rollout.n_samples, config.loop.batch_prompts
@@ -118,7 +120,7 @@ def run(args) -> None:
         profile_batch = batch
 
     print(f"# bench/profile_step.py --steps {args.steps} --threads {args.threads} "
-          f"--hogs {args.hogs}; GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}; "
+          f"--hogs {args.hogs} --micro-batch {args.micro_batch}; GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}; "
           f"{os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; batch {len(profile_batch)} rows x "
           f"{profile_batch.input_ids.shape[1]} tokens")
