@@ -225,7 +225,9 @@ def test_two_ranks_across_two_hosts_match_one_rank_and_sync_weights_over_the_vet
             assert ranks[1][step][0][key] == got_metrics[key], (step, key)  # ranks agree
         assert got.keys() == want.keys()
         worst = max((got[k] - want[k]).abs().max().item() for k in want)
-        assert worst < 1e-5, f"step {step}: max abs weight difference {worst:.2e}"
+        # Adam amplifies float summation order in near-eps gradient elements (see the one-host
+        # test, tests/engines/test_fsdp_data_parallel.py); a real error moves weights by ~lr
+        assert worst < 5e-5, f"step {step}: max abs weight difference {worst:.2e}"
 
     # (b) the weight channel: B received, bucket by bucket, what A sent
     sent, received = results[0]["moved"], results[1]["moved"]
