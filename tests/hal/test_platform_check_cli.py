@@ -55,19 +55,24 @@ def _check(*args: str, site: Path | None = None) -> subprocess.CompletedProcess:
 
 def test_eddy_platforms_check_passes_with_a_row_per_check(platform, tmp_path):
     report = tmp_path / "checks.json"
-    out = _check(platform.name, "--json", str(report))
+    # On the CPU the engine checks run from the command line in the example plug-in's test
+    # (tests/hal/test_plugin.py, a CPU-backed platform) and in this process in
+    # tests/hal/test_contract.py: here the command's own work, once, is enough.
+    selected = ["--only", "platform", "collectives"] if platform.device_type == "cpu" else []
+    expected = [name for name in CHECKS if not selected or CHECKS[name].group != "engines"]
+    out = _check(platform.name, *selected, "--json", str(report))
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
     assert f"Eddy platform checks: {platform.name}" in out.stdout
-    for name in CHECKS:
+    for name in expected:
         assert name in out.stdout, name
     results = json.loads(report.read_text())
     assert results["platform"] == platform.name
-    assert [r["name"] for r in results["results"]] == list(CHECKS)
+    assert [r["name"] for r in results["results"]] == expected
     statuses = {r["name"]: r["status"] for r in results["results"]}
     assert "failed" not in statuses.values(), statuses
     if platform.device_type == "cpu":  # nothing is out of reach on a CPU: no skips either
         assert set(statuses.values()) == {"passed"}, statuses
-    assert f"{len(CHECKS) - list(statuses.values()).count('skipped')} passed, 0 failed" \
+    assert f"{len(expected) - list(statuses.values()).count('skipped')} passed, 0 failed" \
         in out.stdout
 
 

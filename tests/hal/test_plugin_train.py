@@ -10,7 +10,7 @@ from test_plugin import ENTRY, _hook_log, _run, _site
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RUN = ["cluster.runtime=ray", "train.num_workers=2", "rollout.num_workers=2", "loop.steps=2",
+RUN = ["cluster.runtime=ray", "train.num_workers=2", "rollout.num_workers=2", "loop.steps=1",
        "loop.batch_prompts=4", "rollout.n_samples=4", "rollout.max_new_tokens=16",
        "data.train_size=32", "data.eval_size=8", "loop.eval_every=0",
        "cluster.threads_per_worker=1", "algorithm.dynamic_sampling=false"]
@@ -28,7 +28,7 @@ def test_a_run_on_the_example_plugin(tmp_path, tiny_model_dir):
                                        "EXAMPLE_PLATFORM_LOG": str(log)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["runtime"] == "ray"
+    assert summary["steps"] == 1 and summary["runtime"] == "ray"
 
     # 1. four actors, four devices: each claimed its own index of the node's four
     devices = summary["devices"]
@@ -54,7 +54,7 @@ def test_a_run_on_the_example_plugin(tmp_path, tiny_model_dir):
     assert summary["platforms"] == {"rollout": "example", "train": "example"}
 
     # 4. a resume where the variable is not set would run on the CPU: refused, naming both
-    out = _run(site, *args, *RUN[:3], "loop.steps=3", "resume=auto")
+    out = _run(site, *args, *RUN[:3], "loop.steps=2", "resume=auto")
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     message = out.stderr.strip().splitlines()[-1]
     assert "platform 'example'" in message and "resolved 'cpu'" in message, message

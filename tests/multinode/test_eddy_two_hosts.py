@@ -142,7 +142,7 @@ def test_host_b_lost_under_a_rollout_worker_the_run_goes_on_on_host_a(ray_cluste
     cluster = ray_cluster_factory(num_cpus={"A": 3, "B": 1})
     a, b = cluster.hosts.a, cluster.hosts.b
     shutil.copytree(WARM_START, a.path("/tmp/model"))
-    steps = 6
+    steps = 4
     run = [arg for arg in RUN if not arg.startswith(("train.num_workers", "cluster.train_",
                                                      "checkpoint.every"))]
     first = a.popen([sys.executable, "-m", "eddyrl.cli", "train",
