@@ -26,6 +26,7 @@ from .core.version_assignment import VersionAssignment
 from .core.version_window import VersionWindow
 from .errors import ConfigError
 from .protocol import SamplingParams
+from .runtime.placement import role_platform_names
 from .runtime.protocol import Elastic, Plannable, Recoverable, Runtime
 from .scheduler.adaptive import AdaptiveScheduler, GenerationPlan
 from .scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
@@ -44,8 +45,7 @@ def loop_settings(config: Any, sampling: SamplingParams, pad_id: int, *, trainer
         max_batch_size=rollout.max_batch_size, elastic=config.elastic,
         adaptive=config.adaptive, routing=config.routing, trainer_ranks=trainer_ranks,
         plan_cost=plan_cost, env=env,
-        platforms={role: getattr(config, role).platform or config.platform
-                   for role in ("rollout", "train")})
+        platforms=role_platform_names(config))
 
 
 def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: Any,

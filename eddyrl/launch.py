@@ -27,7 +27,7 @@ from .hal import get_platform
 from .observability.sinks import open_sinks
 from .observability.trace import Trace
 from .observability.tracing import TracingRuntime, flush_at_checkpoints
-from .runtime.placement import ROLES, record_role_platforms, role_platform_name
+from .runtime.placement import record_role_platforms, role_platform_name, role_platform_names
 from .runtime.protocol import Recoverable
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
@@ -160,8 +160,7 @@ def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: 
                           "another run_dir, move that one away, or go on with resume=auto")
     resume.check_settings(point, seed=config.seed, steps=config.loop.steps)
     if point is not None:
-        run_state.check_platforms(point.state, {role: role_platform_name(config, role)
-                                                for role in ROLES}, explicit)
+        run_state.check_platforms(point.state, role_platform_names(config), explicit)
     model_path = preflight(config)  # the model's files, lengths, engines: before Ray starts
     with contextlib.ExitStack() as stack:  # whatever was started is stopped, in reverse
         tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
@@ -251,7 +250,7 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
     # Rollout utilisation: time the engines spent in forward passes, all workers together.
     stats = await runtime.worker_stats()
     summary.update(runtime=config.runtime_kind(), rollout_workers=len(stats),
-                   platforms={role: role_platform_name(config, role) for role in ROLES},
+                   platforms=role_platform_names(config),
                    rollout_replacements=runtime.replacements
                    if isinstance(runtime, Recoverable) else 0,
                    rollout_busy_s=sum(s.busy_seconds for s in stats),

@@ -7,6 +7,7 @@ from .weight_channel import (CollectiveChannel, HostChannel, WeightBucketSpec, W
 
 __all__ = [
     "AUTO", "ENTRY_POINT_GROUP", "ENV_VAR", "CollectiveChannel", "DeviceProperties",
-    "HostChannel", "MemoryInfo", "Platform", "choose_weight_channel", "WeightBucketSpec", "WeightChannel", "detect",
+    "HostChannel", "MemoryInfo", "Platform", "WeightBucketSpec", "WeightChannel",
+    "choose_weight_channel", "detect",
     "get_platform", "iter_buckets", "known_platforms", "open_weight_channel",
 ]

@@ -110,7 +110,7 @@ class Platform:
                 reason = f"{type(self).__name__}.is_available() returned False"
         except Exception as exc:
             # once broken, always: the warning is given once, and no later call flips it
-            self._broken = reason = _hook_failed(self, hook, exc)
+            self._broken = reason = hook_failed(self, hook, exc)
         return reason
 
     def device_count(self) -> int:
@@ -143,7 +143,7 @@ class Platform:
                 info.update(device_count=self.device_count(), device_name=props.name,
                             memory_total=props.total_memory)
         except Exception as exc:
-            info.update(available=False, reason=_hook_failed(self, "describe", exc))
+            info.update(available=False, reason=hook_failed(self, "describe", exc))
         return info
 
     # ---- placement ------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def choose_weight_channel(sender: Platform, receiver: Platform) -> str:
     return next((kind for kind in sender.weight_channels(receiver) if kind in theirs), "host")
 
 
-def _hook_failed(platform: Platform, hook: str, exc: BaseException) -> str:
+def hook_failed(platform: Platform, hook: str, exc: BaseException) -> str:
     """A plug-in hook raised: warn naming the platform and its class, and say it as the
     reason the platform is unusable."""
     cls = type(platform)

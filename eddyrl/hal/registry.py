@@ -10,7 +10,7 @@ import warnings
 from importlib.metadata import entry_points
 
 from ..errors import PlatformError
-from .base import Platform
+from .base import Platform, hook_failed
 from .cpu import CpuPlatform
 from .cuda import CudaPlatform
 from .npu import NpuPlatform
@@ -60,10 +60,8 @@ def _instance(name: str) -> Platform:
     try:
         return cls()
     except Exception as exc:
-        reason = f"{cls.__module__}.{cls.__qualname__}() raised {type(exc).__name__}: {exc}"
-        warnings.warn(f"platform {name!r} is unusable: {reason}", RuntimeWarning, stacklevel=2)
         broken = cls.__new__(cls)
-        broken._broken = reason
+        broken._broken = hook_failed(broken, "__init__", exc)
         return broken
 
 

@@ -37,6 +37,11 @@ def role_platform_name(config: EddyConfig, role: str) -> str:
     return getattr(config, role).platform or config.platform
 
 
+def role_platform_names(config: EddyConfig) -> dict[str, str]:
+    """Each role's platform name (after `record_role_platforms`: the resolved ones)."""
+    return {role: role_platform_name(config, role) for role in ROLES}
+
+
 def resolve_role_platforms(config: EddyConfig, *, require_available: bool = True) -> RolePlatforms:
     """Resolve both roles' platforms (each raising a clear error when absent here; a role's
     own `<role>.platform` is named in it, the top-level `platform` names itself)."""

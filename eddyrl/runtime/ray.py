@@ -84,7 +84,8 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
             # A plug-in platform's devices are declared as Ray resources (Ray counts only
             # the accelerators it knows): without them its actors could never be placed.
             ray.init(address="local", num_cpus=config.cluster.num_cpus or os.cpu_count(),
-                     resources=node_resources(config) or None, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     resources=node_resources(config) or None, include_dashboard=False,
+                     _node_ip_address="127.0.0.1",
                      logging_level="WARNING", log_to_driver=True, configure_logging=True)
         except BaseException:
             session.close()
