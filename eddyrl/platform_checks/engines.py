@@ -90,9 +90,22 @@ def local_device_types(engine) -> set[str]:
 
 
 # Rows of `train_batch`: (prompt length, response length), right-padded to LENGTH; the rows carry
-# different numbers of loss tokens (as tests/engines/fsdp_helpers.py).
+# different numbers of loss tokens (tests/engines/fsdp_helpers.py uses the same rows).
 ROWS = ((3, 6), (4, 2), (2, 5), (5, 1))
 LENGTH = 10
+
+
+def batch_layout(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random token ids (from `gen`) in the ROWS layout: input ids (pad id 0 after each row),
+    attention mask and loss mask."""
+    rows = len(ROWS)
+    input_ids = torch.randint(5, 50, (rows, LENGTH), generator=gen)
+    attention_mask = torch.zeros(rows, LENGTH, dtype=torch.long)
+    loss_mask = torch.zeros(rows, LENGTH)
+    for row, (prompt, response) in enumerate(ROWS):
+        attention_mask[row, :prompt + response] = 1
+        loss_mask[row, prompt:prompt + response] = 1
+    return input_ids * attention_mask, attention_mask, loss_mask
 
 
 def train_batch(engine, seed: int = 0):
@@ -103,13 +116,7 @@ def train_batch(engine, seed: int = 0):
 
     gen = torch.Generator().manual_seed(seed)
     rows = len(ROWS)
-    input_ids = torch.randint(5, 50, (rows, LENGTH), generator=gen)
-    attention_mask = torch.zeros(rows, LENGTH, dtype=torch.long)
-    loss_mask = torch.zeros(rows, LENGTH)
-    for row, (prompt, response) in enumerate(ROWS):
-        attention_mask[row, :prompt + response] = 1
-        loss_mask[row, prompt:prompt + response] = 1
-    input_ids = input_ids * attention_mask  # pad id 0 after each row
+    input_ids, attention_mask, loss_mask = batch_layout(gen)
     zeros = torch.zeros(rows, LENGTH)
     batch = TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
                        old_logprobs=zeros, advantages=zeros, sample_weights=torch.ones(rows),

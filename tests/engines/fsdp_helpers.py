@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from eddyrl.platform_checks.engines import LENGTH, ROWS, batch_layout
 from eddyrl.protocol import TrainBatch
 
-# Rows: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
+# ROWS: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
 # differ, so normalising per rank or per micro-batch instead of globally changes the result.
-ROWS = ((3, 6), (4, 2), (2, 5), (5, 1))
-LENGTH = 10
+__all__ = ["LENGTH", "ROWS", "hf_logprobs", "make_batch", "save_tiny_model"]
 
 
 def save_tiny_model(path: str, seed: int = 0) -> str:
@@ -41,13 +41,7 @@ def make_batch(model_path: str, seed: int = 0) -> TrainBatch:
     the clip range and the KL term is non-zero."""
     gen = torch.Generator().manual_seed(seed)
     rows = len(ROWS)
-    input_ids = torch.randint(5, 50, (rows, LENGTH), generator=gen)
-    attention_mask = torch.zeros(rows, LENGTH, dtype=torch.long)
-    loss_mask = torch.zeros(rows, LENGTH)
-    for row, (prompt, response) in enumerate(ROWS):
-        attention_mask[row, :prompt + response] = 1
-        loss_mask[row, prompt:prompt + response] = 1
-    input_ids = input_ids * attention_mask  # pad id 0 after each row
+    input_ids, attention_mask, loss_mask = batch_layout(gen)
     current = hf_logprobs(model_path, input_ids, attention_mask)
     noise = lambda scale: scale * torch.randn(rows, LENGTH, generator=gen)  # noqa: E731
     return TrainBatch(

@@ -39,6 +39,26 @@ def _run(engine, batch, steps_rows):
     return history
 
 
+def assert_ranks_take_one_ranks_steps(expected, ranks) -> None:
+    """Each step of the two ranks (`ranks`: each rank's history of `_run`) against one rank's
+    on the whole batch (`expected`): metrics within 1e-5, the ranks' metrics equal, rank 0's
+    weights close; rank 1 receives no full weights."""
+    assert all(weights == {} for _, weights in ranks[1])  # only rank 0 receives full weights
+    for step, ((want_metrics, want), (got_metrics, got)) in enumerate(zip(expected, ranks[0])):
+        for key in ("loss", "grad_norm", "tokens", "clip_fraction", "kl_ref"):
+            tolerance = 1e-5 * max(1.0, abs(want_metrics[key]))
+            assert abs(got_metrics[key] - want_metrics[key]) <= tolerance, (step, key)
+            assert ranks[1][step][0][key] == got_metrics[key], (step, key)  # ranks agree
+        assert got.keys() == want.keys()
+        worst = max((got[k] - want[k]).abs().max().item() for k in want)
+        # Adam divides each gradient element by its own magnitude (plus eps = 1e-8), so for an
+        # element whose gradient is near eps, float summation order (which rows share a
+        # micro-batch: here 2+2 rows on the ranks, two length-sorted pairs on the one rank)
+        # moves the step by a visible fraction of lr (measured: 1.5e-5 at lr 1e-3). A wrong
+        # row, mask or position moves weights by ~lr: 5e-5 still tells the two apart.
+        assert worst < 5e-5, f"step {step}: max abs weight difference {worst:.2e}"
+
+
 def _worker(rank, model_dir, init_file, out_prefix, batch):
     torch.set_num_threads(1)  # two ranks share two cores with everything else
     os.environ["LOCAL_RANK"] = str(rank)
@@ -90,20 +110,7 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
 
     results = [torch.load(f"{out}.{rank}") for rank in range(WORLD)]
     ranks = [r["history"] for r in results]
-    assert all(weights == {} for _, weights in ranks[1])  # only rank 0 receives full weights
-    for step, ((want_metrics, want), (got_metrics, got)) in enumerate(zip(expected, ranks[0])):
-        for key in ("loss", "grad_norm", "tokens", "clip_fraction", "kl_ref"):
-            tolerance = 1e-5 * max(1.0, abs(want_metrics[key]))
-            assert abs(got_metrics[key] - want_metrics[key]) <= tolerance, (step, key)
-            assert ranks[1][step][0][key] == got_metrics[key], (step, key)  # ranks agree
-        assert got.keys() == want.keys()
-        worst = max((got[k] - want[k]).abs().max().item() for k in want)
-        # Adam divides each gradient element by its own magnitude (plus eps = 1e-8), so for an
-        # element whose gradient is near eps, float summation order (which rows share a
-        # micro-batch: here 2+2 rows on the ranks, two length-sorted pairs on the one rank)
-        # moves the step by a visible fraction of lr (measured: 1.5e-5 at lr 1e-3). A wrong
-        # row, mask or position moves weights by ~lr: 5e-5 still tells the two apart.
-        assert worst < 5e-5, f"step {step}: max abs weight difference {worst:.2e}"
+    assert_ranks_take_one_ranks_steps(expected, ranks)
 
     # A two-rank checkpoint restores weights and the sharded optimizer state exactly.
     (replay_metrics, replayed), (step2_metrics, step2) = results[0]["replay"][0], ranks[0][1]
