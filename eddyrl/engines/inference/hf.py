@@ -1,9 +1,11 @@
 """`hf`: a transformers model with a KV cache, decoding a batch of requests step by step.
 
-Each `generate` call decodes its requests as one batch, left-padded, and drops rows from the
-batch (and the KV cache) as they finish, so one long trajectory does not keep the short ones'
-compute alive. Steps run in a worker thread, so `abort`, `stats` and weight loads are served
-while a batch decodes.
+Each `generate` call decodes its requests as one batch, left-padded. The samples of one prompt
+share its prefill; keys and values go into buffers sized once for the longest row
+(kv_cache.py); finished rows leave the batch (and the KV cache) once they are a quarter of it,
+so one long trajectory does not keep the short ones' compute alive. tests/engines/
+test_hf_decode.py pins this path to a plain forward. Steps run in a worker thread, so `abort`,
+`stats` and weight loads are served while a batch decodes.
 
 Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a
 staging copy (kept where the weight channel delivered them) while decoding goes on; they are
@@ -25,15 +27,20 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterable
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from ...hal import Platform
 from .base import InferenceEngine, OutputSoFar, check_request
 from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
+from .kv_cache import buffered_cache
 from .stop_strings import watcher
 from .versions import VersionGate, call_version, wait_for_admission
+
+
+# Finished rows stay in the KV cache's batch until they are more than this share of it.
+DEAD_ROWS_BEFORE_COMPACTION = 0.25
 
 
 @dataclass
@@ -135,16 +142,29 @@ class HFInferenceEngine(InferenceEngine):
             resumed=any(r.resume_ids for r in chunk))
 
     def _prefill(self, rows: list[_Row]) -> dict:
-        """Left-pad prompt (+ resumed tokens) and run the first forward pass."""
+        """Left-pad each distinct prompt (+ resumed tokens) once, run the first forward pass on
+        those and give every row its sequence's cache: the n samples of a prompt share one
+        prefill (measured on the default run: prefilling each prompt n times was a third of
+        its generation time)."""
         sequences = [row.request.prompt_ids + row.tokens for row in rows]
-        width = max(map(len, sequences))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, seq in enumerate(sequences):
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [distinct.setdefault(tuple(seq), len(distinct)) for seq in sequences]
+        width = max(map(len, distinct))
+        ids = torch.zeros(len(distinct), width, dtype=torch.long)
+        mask = torch.zeros(len(distinct), width, dtype=torch.long)
+        for i, seq in enumerate(distinct):
             ids[i, width - len(seq):] = torch.tensor(seq)
             mask[i, width - len(seq):] = 1
-        state = {"mask": mask.to(self.device), "cache": DynamicCache()}
-        state["logits"] = self._forward(ids.to(self.device), state)
+        capacity = width + max(row.request.sampling.max_new_tokens - len(row.tokens)
+                               for row in rows)
+        state = {"mask": mask.to(self.device), "cache": buffered_cache(capacity)}
+        logits = self._forward(ids.to(self.device), state)
+        if len(distinct) < len(rows):
+            index = torch.tensor(owner, device=self.device)
+            state["cache"].batch_select_indices(index)
+            state["mask"], logits = state["mask"][index], logits[index]
+        state["logits"] = logits  # of the rows still decoding, in `rows` order
+        state["slots"] = list(range(len(rows)))  # each such row's place in the cache's batch
         return state
 
     def _forward(self, ids: torch.Tensor, state: dict) -> torch.Tensor:
@@ -153,7 +173,7 @@ class HFInferenceEngine(InferenceEngine):
         with self._lock, torch.no_grad(), self.platform.profile_range("eddy.rollout.forward"):
             started = time.perf_counter()
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=state["cache"], use_cache=True)
+                             past_key_values=state["cache"], use_cache=True, logits_to_keep=1)
             state["version"] = self._gate.token_version()  # the weights these logits came from
             self._busy += time.perf_counter() - started
         return out.logits[:, -1, :]
@@ -187,14 +207,28 @@ class HFInferenceEngine(InferenceEngine):
         for result in finished:
             self._aborted.discard(result.request_id)
         if keep:
-            if finished:  # shrink the batch: finished rows cost nothing from here on
-                index = torch.tensor(keep, device=self.device)
-                state["cache"].batch_select_indices(index)
-                state["mask"] = state["mask"][index]
-                next_tokens = next_tokens[index]
-            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(len(keep), 1)], -1)
-            state["logits"] = self._forward(next_tokens[:, None], state)
+            self._next_forward(state, [state["slots"][i] for i in keep], next_tokens[keep])
         return notes + finished
+
+    def _next_forward(self, state: dict, live: list[int], tokens: torch.Tensor) -> None:
+        """Run the forward pass of the live rows' sampled `tokens` (their cache rows `live`).
+        Finished rows leave the cache's batch once they are a quarter of it; until then they
+        ride along on a placeholder token, cheaper than copying the cache at every finish."""
+        batch = state["mask"].shape[0]
+        if batch - len(live) > batch * DEAD_ROWS_BEFORE_COMPACTION:
+            index = torch.tensor(live, device=self.device)
+            state["cache"].batch_select_indices(index)
+            state["mask"] = state["mask"][index]
+            live, ids = list(range(len(live))), tokens
+        elif len(live) < batch:
+            ids = tokens.new_zeros(batch)
+            ids[live] = tokens
+        else:
+            ids = tokens
+        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(len(ids), 1)], -1)
+        logits = self._forward(ids[:, None], state)
+        state["logits"] = logits if len(live) == len(logits) else logits[live]
+        state["slots"] = live
 
     def _finish_reason(self, row: _Row) -> str | None:
         s = row.request.sampling
