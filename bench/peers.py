@@ -221,7 +221,7 @@ def eddy_loss_and_grads(task: dict, config, groups: list) -> dict:
     from transformers import AutoModelForCausalLM
 
     from eddyrl.core.batching import build_train_batch
-    from eddyrl.engines.training.base import token_logprobs
+    from eddyrl.engines.training.packing import token_logprobs
     from eddyrl.runtime.workers import _policy_loss
 
     s = task["settings"]

@@ -196,6 +196,9 @@ class TrainBatch:
     # [B, L] the proximal policy's log-probs (the trainer's weights at the start of this
     # optimizer step, before any update); given, the loss is decoupled PPO (core/losses.py)
     prox_logprobs: torch.Tensor | None = None
+    # [B] long, the prompt's length in each row: rows of one prompt share its forward pass
+    # (engines/training/packing.py); None: unknown, every row runs on its own
+    prompt_lengths: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

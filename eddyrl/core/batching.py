@@ -49,7 +49,8 @@ def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool =
                       advantages=broadcast_to_tokens(advantages, loss_mask),
                       sample_weights=torch.tensor([w for g, w in zip(groups, weights)
                                                    for _ in g.trajectories], dtype=torch.float32),
-                      versions=versions)
+                      versions=versions,
+                      prompt_lengths=torch.tensor([len(g.prompt_ids) for g, _ in rows]))
 
 
 def split_for_ranks(batch: TrainBatch, ranks: int) -> list[TrainBatch]:

@@ -63,6 +63,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward on one rank
     mini_batches: int = 1  # optimizer steps per RL step (PPO-style updates over the batch)
+    # rows of one prompt share its forward pass: one packed sequence per prompt, its responses
+    # after it (engines/training/packing.py); a pack holds at most max_packed_tokens tokens
+    share_prompts: bool = True
+    max_packed_tokens: int = 8192
     bucket_mb: int = 64  # weight-sync bucket size
     weight_channel: WeightChannelKind = "auto"  # auto: as the platforms agree; or force one (for tests)
 
@@ -77,6 +81,7 @@ class TrainConfig:
         check_positive(f"{prefix}.grad_clip", self.grad_clip)
         check_range(f"{prefix}.micro_batch_size", self.micro_batch_size, 1)
         check_range(f"{prefix}.mini_batches", self.mini_batches, 1)
+        check_range(f"{prefix}.max_packed_tokens", self.max_packed_tokens, 1)
         check_range(f"{prefix}.bucket_mb", self.bucket_mb, 1)
         check_choice(f"{prefix}.weight_channel", self.weight_channel,
                      get_args(WeightChannelKind))

@@ -161,7 +161,9 @@ class RolloutWorker:
         self.replica = await asyncio.to_thread(
             GradientReplica, self.model_path, self.platform,
             temperature=_sampling_temperature(self.config),
-            micro_batch_size=self.config.train.micro_batch_size)
+            micro_batch_size=self.config.train.micro_batch_size,
+            share_prompts=self.config.train.share_prompts,
+            max_packed_tokens=self.config.train.max_packed_tokens)
 
     def replica_version(self) -> int:
         return -1 if self.replica is None else self.replica.version
@@ -270,7 +272,9 @@ class TrainerRank:
                               init_method=rendezvous, micro_batch_size=train.micro_batch_size,
                               seed=config.seed, temperature=temperature,
                               local=config.cluster.address is None,
-                              timeout_s=config.cluster.timeout_s, **optimizer)
+                              timeout_s=config.cluster.timeout_s,
+                              share_prompts=train.share_prompts,
+                              max_packed_tokens=train.max_packed_tokens, **optimizer)
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
                             grad_clip=train.grad_clip)

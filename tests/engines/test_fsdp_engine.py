@@ -59,17 +59,17 @@ def test_logprobs_match_a_plain_forward_at_temperature(make_engine, model_dir, b
 def test_length_sorted_cut_micro_batches_take_the_padded_batchs_step(make_engine, model_dir,
                                                                     batch):
     """The optimised path (issue 20): micro-batches of like-length rows, each cut after its
-    longest row (`engines/training/base.py::micro_batches`). Pinned to the straightforward
+    longest row (`engines/training/packing.py::micro_batches`). Pinned to the straightforward
     computation: one plain transformers forward and backward over the whole padded batch, in
     row order. The step's loss, gradient norm and pre-update log-probs agree to float
     summation order."""
     from transformers import AutoModelForCausalLM
 
-    from eddyrl.engines.training.base import micro_batches, token_logprobs
+    from eddyrl.engines.training.packing import micro_batches, token_logprobs
 
     parts = micro_batches(batch, 2)  # rows of 9, 6, 7 and 6 tokens: (6, 6) then (7, 9)
-    assert [rows.tolist() for rows, _ in parts] == [[1, 3], [2, 0]]
-    assert [micro.input_ids.shape[1] for _, micro in parts] == [6, 9]
+    assert [m.rows.tolist() for m in parts] == [[1, 3], [2, 0]]
+    assert [m.batch.input_ids.shape[1] for m in parts] == [6, 9]
     engine = make_engine(micro_batch_size=2)
     got_logprobs = torch.full(batch.input_ids.shape, float("nan"))
     metrics = engine.train_step(batch, LOSS, logprobs_out=got_logprobs)

@@ -33,7 +33,8 @@ from ...protocol import TrainBatch
 from ...errors import ConfigError
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
-from .base import LossFn, TrainEngine, micro_batches, place_rows, token_logprobs
+from .base import LossFn, TrainEngine
+from .packing import MicroBatch, micro_batches, micro_logprobs, packs_prompts, place_rows
 from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
 
 log = logging.getLogger(__name__)
@@ -78,14 +79,17 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
 class FSDPTrainEngine(TrainEngine):
     """`micro_batch_size`: rows per forward/backward (gradients accumulate over a step);
     `grad_clip`: max global grad norm, None or 0 to only measure it; `param_dtype`: compute
-    dtype of the gathered weights (bf16 ...), None for fp32; `temperature`: the sampler's."""
+    dtype of the gathered weights (bf16 ...), None for fp32; `temperature`: the sampler's;
+    `share_prompts`: rows of one prompt share its forward pass, in packs of at most
+    `max_packed_tokens` (packing.py; where the model's attention takes the packed mask)."""
 
     def __init__(self, model_path: str, platform: Platform, rank: int, world_size: int,
                  init_method: str, lr: float = 1e-6, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), grad_clip: float | None = 1.0,
                  micro_batch_size: int = 8, param_dtype: torch.dtype | str | None = None,
                  seed: int = 0, temperature: float = 1.0, local: bool = True,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, share_prompts: bool = True,
+                 max_packed_tokens: int = 8192) -> None:
         from transformers import AutoModelForCausalLM
 
         if micro_batch_size < 1:
@@ -113,6 +117,8 @@ class FSDPTrainEngine(TrainEngine):
             fully_shard(layer, mesh=self.mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=self.mesh, mp_policy=mp_policy)  # moves shards to the device
         self.model = model
+        self.share_prompts = share_prompts and packs_prompts(model)
+        self.max_packed_tokens = max_packed_tokens
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay)
 
@@ -126,14 +132,15 @@ class FSDPTrainEngine(TrainEngine):
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
     # ---- micro-batches ------------------------------------------------------------------
-    def _micro_batches(self, batch: TrainBatch) -> list[tuple[torch.Tensor | None, TrainBatch]]:
-        """This rank's rows in micro-batches (`base.micro_batches`: like lengths together, cut
-        after the longest row), with their row indices; padded with empty ones (indices None)
+    def _micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
+        """This rank's rows in micro-batches (packing.py: like lengths together, cut after the
+        longest row, a prompt's rows sharing its forward), padded with empty ones (rows None)
         to the count of the busiest rank: FSDP forward/backward are collectives, so every rank
         must run the same number. At least one, so that a rank with no rows still takes part."""
-        mine = micro_batches(batch, self.micro_batch_size)
+        mine = micro_batches(batch, self.micro_batch_size, share_prompts=self.share_prompts,
+                             max_packed_tokens=self.max_packed_tokens)
         count = int(hd.all_reduce(torch.tensor([max(len(mine), 1)]), op="max").item())
-        return mine + [(None, self._padding_row(batch))] * (count - len(mine))
+        return mine + [MicroBatch(None, self._padding_row(batch))] * (count - len(mine))
 
     @staticmethod
     def _padding_row(batch: TrainBatch) -> TrainBatch:
@@ -145,19 +152,19 @@ class FSDPTrainEngine(TrainEngine):
         row["attention_mask"] = torch.ones_like(row["attention_mask"])
         return TrainBatch(**row).select_columns(1)  # one position: it only keeps FSDP in step
 
-    def _logprobs(self, micro: TrainBatch) -> torch.Tensor:
-        return token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature)
+    def _logprobs(self, micro: MicroBatch) -> torch.Tensor:
+        return micro_logprobs(self.model, micro, self.temperature)
 
     # ---- the contract -------------------------------------------------------------------
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
         out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
-        for rows, micro in self._micro_batches(batch):
+        for micro in self._micro_batches(batch):
             with self.platform.profile_range("eddy.train.logprobs"):
                 logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
-            if rows is not None:
-                place_rows(out, rows, micro, logprobs)
+            if micro.rows is not None:
+                place_rows(out, micro.rows, micro.batch, logprobs)
         # FSDP2 keeps the root's parameters (embeddings, final norm, LM head) gathered after a
         # forward, expecting a backward to reshard them; with none coming they would stay full
         # size on every rank (for good, on a KL reference engine) and `offload` would move the
@@ -184,18 +191,18 @@ class FSDPTrainEngine(TrainEngine):
         loss_sum, metric_sums = 0.0, {}
         if logprobs_out is not None:
             logprobs_out.zero_()  # positions after a micro-batch's cut: 0, as on padding
-        for rows, micro in self._micro_batches(batch):
-            padding = rows is None
+        for micro in self._micro_batches(batch):
+            padding = micro.rows is None
             micro = micro.to(self.device)
             with self.platform.profile_range("eddy.train.forward"):
                 logprobs = self._logprobs(micro)
                 if logprobs_out is not None and not padding:
-                    place_rows(logprobs_out, rows, micro, logprobs.detach())
-                loss, metrics = loss_fn(logprobs, micro, total_tokens)
+                    place_rows(logprobs_out, micro.rows, micro.batch, logprobs.detach())
+                loss, metrics = loss_fn(logprobs, micro.batch, total_tokens)
             # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
             with self.platform.profile_range("eddy.train.backward"):
                 (loss * self.world_size).backward()
-            tokens = 0.0 if padding else float(micro.loss_mask.sum())
+            tokens = 0.0 if padding else float(micro.batch.loss_mask.sum())
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens

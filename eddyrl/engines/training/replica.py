@@ -15,12 +15,14 @@ import torch
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...hal import Platform
-from .base import LossFn, micro_batches, place_rows, token_logprobs
+from .base import LossFn
+from .packing import micro_batches, micro_logprobs, packs_prompts, place_rows
 
 
 class GradientReplica:
     def __init__(self, model_path: str, platform: Platform, *, temperature: float = 1.0,
-                 micro_batch_size: int = 8) -> None:
+                 micro_batch_size: int = 8, share_prompts: bool = True,
+                 max_packed_tokens: int = 8192) -> None:
         from transformers import AutoModelForCausalLM
 
         self.platform = platform
@@ -29,6 +31,9 @@ class GradientReplica:
                                                      **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device)
         self.temperature, self.micro_batch_size = temperature, micro_batch_size
+        # the same micro-batches as the core ranks' (packing.py), so the gradients are theirs
+        self.share_prompts = share_prompts and packs_prompts(self.model)
+        self.max_packed_tokens = max_packed_tokens
         self.version = -1  # no weights fetched yet
 
     @torch.no_grad()
@@ -48,11 +53,15 @@ class GradientReplica:
         update)."""
         self.model.eval()
         out = torch.zeros(batch.input_ids.shape)
-        for rows, micro in micro_batches(batch, self.micro_batch_size):
+        for micro in self._micro_batches(batch):
             micro = micro.to(self.device)
-            place_rows(out, rows, micro, token_logprobs(self.model, micro.input_ids,
-                                                        micro.attention_mask, self.temperature))
+            place_rows(out, micro.rows, micro.batch,
+                       micro_logprobs(self.model, micro, self.temperature))
         return out
+
+    def _micro_batches(self, batch: TrainBatch):
+        return micro_batches(batch, self.micro_batch_size, share_prompts=self.share_prompts,
+                             max_packed_tokens=self.max_packed_tokens)
 
     def gradients(self, batch: TrainBatch, loss_fn: LossFn, total_tokens: int,
                   ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -61,13 +70,12 @@ class GradientReplica:
         self.model.train()
         self.model.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss": 0.0}
-        for _, micro in micro_batches(batch, self.micro_batch_size):
+        for micro in self._micro_batches(batch):
             micro = micro.to(self.device)
-            logprobs = token_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                                      self.temperature)
-            loss, metrics = loss_fn(logprobs, micro, total_tokens)
+            logprobs = micro_logprobs(self.model, micro, self.temperature)
+            loss, metrics = loss_fn(logprobs, micro.batch, total_tokens)
             loss.backward()
-            tokens = float(micro.loss_mask.sum())
+            tokens = float(micro.batch.loss_mask.sum())
             sums["loss"] += float(loss.detach())
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + value * tokens
