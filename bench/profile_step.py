@@ -5,8 +5,10 @@
 Builds the default run's pieces directly (no Ray): the `hf` engine on the bundled warm start,
 16 prompts x 8 samples of the arithmetic task (54 new tokens, temperature 1), the reward, the
 training batch, and the FSDP trainer on one rank. Then, `--steps` times: generate, score,
-build the batch, the trainer's log-prob pass (`compute_logprobs`: what the run does today
-before each update), the update (`train_step`), and the weight export into the engine. Prints
+build the batch, the trainer's log-prob pass (`compute_logprobs`: what a run with
+`train.mini_batches` > 1 or the decoupled loss does before its update; the default run takes the
+pre-update log-probs from the update's own forward), the update (`train_step`), and the weight
+export into the engine. Prints
 the median and p90 of each phase over the steps after the first (warm-up), and a
 torch.profiler table of the update's top ops. `--hogs N` runs N busy loops beside it (ended
 by their PIDs). Timings are wall-clock on a shared machine: compare within one invocation.
@@ -82,7 +84,9 @@ def run(args) -> None:
     trainer = FSDPTrainEngine(model_path, platform, rank=0, world_size=1,
                               init_method=f"file://{rendezvous}/group", lr=config.train.lr,
                               micro_batch_size=args.micro_batch or config.train.micro_batch_size,
-                              temperature=config.rollout.temperature)
+                              temperature=config.rollout.temperature,
+                              share_prompts=config.train.share_prompts,
+                              max_packed_tokens=config.train.max_packed_tokens)
     loss_fn = _policy_loss(config)
     n, k = config.rollout.n_samples, config.loop.batch_prompts
     times: dict[str, list[float]] = {}

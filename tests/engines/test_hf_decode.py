@@ -118,3 +118,37 @@ def test_a_full_buffered_layer_says_so():
     layer.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
     with pytest.raises(RuntimeError, match="3 positions is full"):
         layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+
+
+def test_the_lean_decode_step_is_used_and_samples_what_transformers_forward_samples(
+        tiny_model_dir):
+    """lean_decode.py: on the tiny Qwen3 the engine decodes op by op; with transformers'
+    forward instead, the same seed gives the same tokens and log-probs."""
+    requests = _mixed_requests(3)
+    lean = hf.HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=11)
+    plain = hf.HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=11)
+    assert lean._lean is not None
+    plain._lean = None
+
+    async def run(engine):
+        return {r.request_id: r async for r in engine.generate(requests) if r.final}
+    got, want = asyncio.run(run(lean)), asyncio.run(run(plain))
+    for rid, r in want.items():
+        assert got[rid].token_ids == r.token_ids, rid
+        assert got[rid].logprobs == pytest.approx(r.logprobs, abs=1e-6), rid
+
+
+def test_the_lean_decoder_refuses_what_it_does_not_reproduce(tiny_model_dir, monkeypatch,
+                                                              caplog):
+    from eddyrl.engines.inference.lean_decode import LeanDecoder
+
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    assert LeanDecoder.for_model(eager) is None  # its masks are additive, not SDPA's
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "linear"}
+    assert LeanDecoder.for_model(model) is None
+    # a decoder that computes something else fails the start-up check: transformers' forward
+    monkeypatch.setattr(LeanDecoder, "_rotate_half", staticmethod(lambda x: x))
+    engine = hf.HFInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=0)
+    assert engine._lean is None
+    assert "differs from transformers' forward" in caplog.text

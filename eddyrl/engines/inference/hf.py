@@ -2,8 +2,9 @@
 
 Each `generate` call decodes its requests as one batch, left-padded. The samples of one prompt
 share its prefill; keys and values go into buffers sized once for the longest row
-(kv_cache.py); finished rows leave the batch (and the KV cache) once they are a quarter of it,
-so one long trajectory does not keep the short ones' compute alive. tests/engines/
+(kv_cache.py); decode steps of Llama-family models run op by op without transformers'
+per-module Python (lean_decode.py); finished rows leave the batch (and the KV cache) once they
+are a quarter of it, so one long trajectory does not keep the short ones' compute alive. tests/engines/
 test_hf_decode.py pins this path to a plain forward. Steps run in a worker thread, so `abort`,
 `stats` and weight loads are served while a batch decodes.
 
@@ -35,6 +36,7 @@ from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .sampling import sample
 from .kv_cache import buffered_cache
+from .lean_decode import LeanDecoder
 from .stop_strings import watcher
 from .versions import VersionGate, call_version, wait_for_admission
 
@@ -66,6 +68,10 @@ class HFInferenceEngine(InferenceEngine):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                      **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device).eval()
+        # decode steps without transformers' per-module Python, where it reproduces them
+        lean = LeanDecoder.for_model(self.model)
+        self._lean = lean if lean is not None and lean.matches_transformers(self.device) \
+            else None
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -172,11 +178,15 @@ class HFInferenceEngine(InferenceEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         with self._lock, torch.no_grad(), self.platform.profile_range("eddy.rollout.forward"):
             started = time.perf_counter()
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=state["cache"], use_cache=True, logits_to_keep=1)
+            if self._lean is not None and ids.shape[1] == 1:
+                logits = self._lean(ids, positions, mask, state["cache"])
+            else:
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    past_key_values=state["cache"], use_cache=True,
+                                    logits_to_keep=1).logits[:, -1, :]
             state["version"] = self._gate.token_version()  # the weights these logits came from
             self._busy += time.perf_counter() - started
-        return out.logits[:, -1, :]
+        return logits
 
     def _step(self, rows: list[_Row], state: dict) -> list[GenerationResult]:
         """Sample one token for every row, take finished rows out of `rows` and the KV cache,
