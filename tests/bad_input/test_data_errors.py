@@ -122,7 +122,8 @@ def test_prompt_longer_than_max_prompt_tokens_names_the_row():
 
 
 class CountingTokenizer:
-    """The tiny tokenizer, recording the length of every text it is asked to tokenize."""
+    """The tiny tokenizer, recording the length of every prompt it is asked to render (one
+    conversation, or a batch of them) and tokenize."""
 
     def __init__(self):
         from eddyrl.models.tiny import build_tokenizer
@@ -132,13 +133,14 @@ class CountingTokenizer:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def apply_chat_template(self, messages, **kwargs):
-        self.seen.append(sum(len(m["content"]) for m in messages))
-        return self.inner.apply_chat_template(messages, **kwargs)
+    def apply_chat_template(self, conversations, **kwargs):
+        batch = conversations if conversations and isinstance(conversations[0], list) \
+            else [conversations]
+        self.seen.extend(sum(len(m["content"]) for m in messages) for messages in batch)
+        return self.inner.apply_chat_template(conversations, **kwargs)
 
-    def __call__(self, text, **kwargs):
-        self.seen.append(len(text))
-        return self.inner(text, **kwargs)
+    def __call__(self, texts, **kwargs):  # the rendered prompts, recorded when rendered
+        return self.inner(texts, **kwargs)
 
 
 HUGE = "add " + "9 " * 2_000_000  # 4 MB on one line
@@ -207,3 +209,17 @@ def test_utf8_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD_LINE.replace(b"\n", b"\r\n"))
     assert read_rows(path) == [{"prompt": "add 1 2", "answer": "3"}]
+
+
+def test_the_first_bad_row_is_the_one_named_whichever_check_finds_it():
+    """Rows are tokenized as one batch after the byte check, yet the error names the first bad
+    row in file order: a too-many-tokens row 2 before a multi-megabyte row 3."""
+    from eddyrl.models.tiny import build_tokenizer
+
+    rows = [{"prompt": "add 1 2", "answer": "3"}, {"prompt": "add " + "9 " * 40, "answer": "1"},
+            {"prompt": HUGE, "answer": "1"}]
+    with pytest.raises(ConfigError, match=r"^train.jsonl: row 2: prompt is \d+ tokens"):
+        PromptSet.from_rows(rows, "train.jsonl", build_tokenizer(), 32, "error")
+    with pytest.raises(ConfigError, match=r"^train.jsonl: row 2: prompt is \d+ bytes"):
+        PromptSet.from_rows([rows[0], rows[2], rows[1]], "train.jsonl", build_tokenizer(), 32,
+                            "error")

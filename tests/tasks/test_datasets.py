@@ -219,6 +219,8 @@ class _NoTemplate:
     chat_template = None
 
     def __call__(self, text):
+        if isinstance(text, list):  # a batch, as fast tokenizers take it
+            return {"input_ids": [[ord(c) for c in t] for t in text]}
         return {"input_ids": [ord(c) for c in text]}
 
 
@@ -232,3 +234,17 @@ def test_chat_messages_with_a_template_keep_their_roles(tokenizer):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1"}]
     text = tokenizer.decode(prompt_ids(tokenizer, messages))
     assert text.index("system") < text.index("user") < text.index("assistant")
+
+
+def test_prompts_tokenized_as_a_batch_are_tokenized_as_one_by_one(tokenizer):
+    """PromptSet tokenizes its rows in one batch (`prompts_ids`); each prompt's ids are what
+    `prompt_ids` gives it alone, with and without a chat template."""
+    from eddyrl.tasks.arith import ArithTaskConfig, generate_rows
+    from eddyrl.tasks.prompts import prompts_ids
+
+    rows = generate_rows(300, 0, "train", ArithTaskConfig())
+    prompts = [row["prompt"] for row in rows] + [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1"}], ""]
+    assert prompts_ids(tokenizer, prompts) == [prompt_ids(tokenizer, p) for p in prompts]
+    assert prompts_ids(_NoTemplate(), prompts) == [prompt_ids(_NoTemplate(), p) for p in prompts]
+    assert prompts_ids(tokenizer, []) == []
