@@ -10,7 +10,8 @@ from eddyrl.protocol import TrainBatch
 
 # ROWS: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
 # differ, so normalising per rank or per micro-batch instead of globally changes the result.
-__all__ = ["LENGTH", "ROWS", "hf_logprobs", "make_batch", "save_tiny_model"]
+__all__ = ["LENGTH", "ROWS", "assert_takes_the_plain_step", "hf_logprobs", "make_batch",
+           "save_tiny_model"]
 
 
 def save_tiny_model(path: str, seed: int = 0) -> str:
@@ -51,3 +52,26 @@ def make_batch(model_path: str, seed: int = 0) -> TrainBatch:
         sample_weights=torch.tensor([1.0, 0.5, 1.0, 0.25]),
         versions=torch.where(loss_mask > 0, 0, -1),
         ref_logprobs=(current + noise(0.1)) * loss_mask)
+
+
+def assert_takes_the_plain_step(model_path: str, batch: TrainBatch, loss_fn, metrics: dict,
+                                logprobs: torch.Tensor) -> None:
+    """An engine's step (its `metrics` and the `logprobs_out` it filled) is the straightforward
+    one: a plain transformers forward and backward over the whole padded batch, in row order.
+    Loss, gradient norm and pre-update log-probs agree to float summation order (1e-5)."""
+    from transformers import AutoModelForCausalLM
+
+    from eddyrl.engines.training.packing import token_logprobs
+
+    plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    want = token_logprobs(plain, batch.input_ids, batch.attention_mask, 1.0)
+    loss, _ = loss_fn(want, batch, batch.num_tokens())
+    loss.backward()
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()
+                                                if p.grad is not None]))
+    loss = float(loss.detach())
+    real = batch.attention_mask.bool()
+    assert (logprobs - want.detach())[real].abs().max().item() < 1e-5
+    assert torch.all(logprobs[~real] == 0)  # padding: 0
+    assert abs(metrics["loss"] - loss) <= 1e-5 * max(1.0, abs(loss))
+    assert abs(metrics["grad_norm"] - norm) <= 1e-5 * norm

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from fsdp_helpers import save_tiny_model
+from fsdp_helpers import assert_takes_the_plain_step, save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from eddyrl.core.losses import make_policy_loss
@@ -128,13 +128,4 @@ def test_fsdp_step_with_packing_takes_the_plain_full_batch_step(model_dir, tmp_p
         metrics = engine.train_step(batch, LOSS, logprobs_out=got_logprobs)
     finally:
         engine.close()
-    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    logprobs = token_logprobs(plain, batch.input_ids, batch.attention_mask, 1.0)
-    loss, _ = LOSS(logprobs, batch, batch.num_tokens())
-    loss.backward()
-    norm = torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()
-                                          if p.grad is not None])
-    real = batch.attention_mask.bool()
-    assert (got_logprobs - logprobs.detach())[real].abs().max().item() < 1e-5
-    assert abs(metrics["loss"] - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
-    assert abs(metrics["grad_norm"] - float(norm)) <= 1e-5 * float(norm)
+    assert_takes_the_plain_step(model_dir, batch, LOSS, metrics, got_logprobs)
