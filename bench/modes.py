@@ -2,7 +2,8 @@
 start, seed and wall-clock budget, one after another in one invocation.
 
     python bench/modes.py [--seconds 150] [--modes sync,one_step,async,multiversion,replay,all]
-                          [--target 0.6] [--out bench/results] [key=value ...]
+                          [--variant 'NAME=MODE key=value ...'] [--target 0.6]
+                          [--out bench/results] [key=value ...]
 
 The modes are the mode registry's (eddyrl/modes.py: `python -m eddyrl.modes` lists them), each
 with exactly the registry's settings, the same as its mode file and as `eddy bench sim`'s policy.
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -97,6 +99,10 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.6)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--variant", action="append", default=[], metavar="'NAME=MODE K=V ...'",
+                        help="an extra run: a registry mode with its own overrides, e.g. "
+                             "'naive_replay=replay replay.max_fraction=0.75 "
+                             "replay.loss_weight=1.0 replay.max_lag=1000000'")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -104,26 +110,34 @@ def main() -> int:
     from eddyrl.launch import train
     from eddyrl.modes import get
 
-    modes = args.modes.split(",")
-    for mode in modes:
+    runs = {mode: (mode, []) for mode in args.modes.split(",")}  # name -> (mode, overrides)
+    for variant in args.variant:
+        head, *extra = shlex.split(variant)
+        name, _, mode = head.partition("=")
+        if not mode or name in runs:
+            parser.error(f"--variant {variant!r}: want 'NAME=MODE K=V ...' with a new NAME")
+        runs[name] = (mode, extra)
+    for mode, _ in runs.values():
         try:
             get(mode)
         except ConfigError as exc:  # an unknown name, with the registry's names
             parser.error(str(exc))
+    modes = list(runs)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     common = [f"loop.max_seconds={args.seconds}", "loop.steps=100000",
               f"loop.eval_every={args.eval_every}", *args.overrides]
     print(f"# bench/modes.py on {platform.node()} ({os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}), python {sys.version.split()[0]}")
-    print(f"# modes {modes}; budget {args.seconds:.0f} s of training each; target accuracy "
-          f"{args.target}; overrides {common}")
+    print(f"# runs {[f'{n}={m}' + ''.join(' ' + o for o in x) for n, (m, x) in runs.items()]}; "
+          f"budget {args.seconds:.0f} s of training each; target accuracy {args.target}; "
+          f"overrides {common}")
     marks = [args.seconds / 4, args.seconds / 2, args.seconds]
     results = {}
     for mode in modes:
         run_dir = out / mode
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: eddy train refuses to append
-        config = mode_config(mode, [*common, f"run_dir={run_dir}"])
+        config = mode_config(runs[mode][0], [*common, *runs[mode][1], f"run_dir={run_dir}"])
         began = time.monotonic()
         summary = json.loads(train(config).read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
