@@ -90,7 +90,11 @@ def test_when_finished_rows_leave_the_batch_does_not_change_any_token(tiny_model
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_buffered_layer_holds_what_a_dynamic_layer_holds(seed):
+def test_buffered_layer_holds_what_a_dynamic_layer_holds(seed, monkeypatch):
+    """Also while its buffers grow (GROWTH 1 or 2: a doubling every few steps)."""
+    import eddyrl.engines.inference.kv_cache as kv_cache
+
+    monkeypatch.setattr(kv_cache, "GROWTH", [1, 2, 64][seed % 3])
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     batch, heads, dim = rng.randrange(1, 6), 2, 4
@@ -111,6 +115,19 @@ def test_buffered_layer_holds_what_a_dynamic_layer_holds(seed):
             batch = len(index)
             assert torch.equal(reference.keys, buffered.keys)
             assert torch.equal(reference.values, buffered.values)
+
+
+def test_a_buffered_layer_takes_memory_as_it_fills_not_for_its_whole_capacity():
+    from eddyrl.engines.inference.kv_cache import GROWTH
+
+    layer = _BufferedLayer(capacity=10_000)
+    layer.update(torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 5, 4))
+    assert layer._key_buffer.shape[2] == 5 + GROWTH
+    for _ in range(GROWTH + 1):
+        layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert layer._key_buffer.shape[2] == 2 * (5 + GROWTH)  # one doubling
+    assert torch.equal(layer.keys[:, :, :5], torch.zeros(2, 1, 5, 4))
+    assert torch.equal(layer.keys[:, :, 5:], torch.ones(2, 1, GROWTH + 1, 4))
 
 
 def test_a_full_buffered_layer_says_so():

@@ -1,12 +1,12 @@
 """`hf`: a transformers model with a KV cache, decoding a batch of requests step by step.
 
 Each `generate` call decodes its requests as one batch, left-padded. The samples of one prompt
-share its prefill; keys and values go into buffers sized once for the longest row
+share its prefill; keys and values go into per-layer buffers that grow in doublings
 (kv_cache.py); decode steps of Llama-family models run op by op without transformers'
 per-module Python (lean_decode.py); finished rows leave the batch (and the KV cache) once they
-are a quarter of it, so one long trajectory does not keep the short ones' compute alive. tests/engines/
-test_hf_decode.py pins this path to a plain forward. Steps run in a worker thread, so `abort`,
-`stats` and weight loads are served while a batch decodes.
+are a quarter of it, so one long trajectory does not keep the short ones' compute alive.
+tests/engines/test_hf_decode.py pins this path to a plain forward. Steps run in a worker
+thread, so `abort`, `stats` and weight loads are served while a batch decodes.
 
 Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a
 staging copy (kept where the weight channel delivered them) while decoding goes on; they are
@@ -34,9 +34,9 @@ from ...hal import Platform
 from .base import InferenceEngine, OutputSoFar, check_request
 from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
-from .sampling import sample
 from .kv_cache import buffered_cache
 from .lean_decode import LeanDecoder
+from .sampling import sample
 from .stop_strings import watcher
 from .versions import VersionGate, call_version, wait_for_admission
 
