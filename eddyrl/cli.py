@@ -161,18 +161,28 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 def cmd_sft(ns: argparse.Namespace) -> int:
     import torch
 
-    from .tasks.tool_task import ToolTaskConfig
+    from .errors import ConfigError
     from .hal import get_platform
+    from .models.tiny import TinyModelConfig
     from .tasks.arith import ArithTaskConfig
+    from .tasks.cipher import CipherTaskConfig
     from .tasks.sft import run_sft
+    from .tasks.tool_task import ToolTaskConfig
 
+    task = {"tool_add": ToolTaskConfig, "cipher": CipherTaskConfig}.get(ns.task, ArithTaskConfig)()
+    try:
+        model_config = TinyModelConfig.of_size(ns.hidden_size, ns.layers, ns.intermediate_size)
+    except ValueError as error:
+        raise ConfigError(f"eddy sft: {error}") from None
+    if ns.stop_at is not None and not 1 <= ns.stop_at <= ns.steps:
+        raise ConfigError(f"eddy sft: --stop-at {ns.stop_at} must be in 1..--steps ({ns.steps})")
     platform = get_platform(ns.platform)
-    torch.set_num_threads(ns.threads)  # the shipped warm start was made with one thread
-    task = ToolTaskConfig() if ns.task == "tool_add" else ArithTaskConfig()
+    torch.set_num_threads(ns.threads)  # the shipped warm starts were made with one thread
     metrics = run_sft(ns.out, steps=ns.steps, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed,
                       device=platform.device(platform.local_rank()), task=task,
+                      model_config=model_config,
                       early_stop_fraction=ns.early_stop_fraction,
-                      no_tool_fraction=ns.no_tool_fraction)
+                      no_tool_fraction=ns.no_tool_fraction, stop_at=ns.stop_at)
     print(json.dumps({**metrics, "out": ns.out}, indent=2, sort_keys=True))
     return 0
 
@@ -340,9 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "bundled tiny model on the CPU); then any config key as KEY=VALUE")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sft", help="supervised warm start of the tiny model on the arith task "
-                       "or the tool task "
-                       "(defaults reproduce eddyrl/assets/tiny_warmstart)")
+    p = sub.add_parser("sft", help="supervised warm start of the tiny model on the arith task, "
+                       "the cipher task or the tool task "
+                       "(defaults reproduce eddyrl/assets/tiny_warmstart; the cipher_warmstart "
+                       "README gives its command)")
     p.add_argument("--out", required=True, help="directory for the HF-format checkpoint")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -351,11 +362,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop-fraction", type=float, default=0.6,
                    help="arith: share of demonstrations that stop one number short (a careless "
                    "habit for RL to unlearn)")
-    p.add_argument("--task", choices=["arith", "tool_add"], default="arith",
-                   help="tool_add: reference calculator episodes (tasks/tool_task.py); measure "
-                   "the result with `eddy eval OUT tool_add_tiny`")
+    p.add_argument("--task", choices=["arith", "cipher", "tool_add"], default="arith",
+                   help="cipher: enciphered words (tasks/cipher.py), every demonstration "
+                   "honest; tool_add: reference calculator episodes (tasks/tool_task.py); "
+                   "measure the result with `eddy eval OUT tool_add_tiny`")
     p.add_argument("--no-tool-fraction", type=float, default=0.0,
                    help="tool_add: share of demonstrations that answer without the calculator")
+    p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                   help="stop after STEP of the --steps steps (the learning-rate schedule still "
+                   "that of --steps): an under-trained warm start")
+    p.add_argument("--hidden-size", type=int, default=128,
+                   help="the tiny Qwen3's width (heads of 32: a multiple of 32)")
+    p.add_argument("--intermediate-size", type=int, default=None,
+                   help="its MLP width (default: 3 x --hidden-size)")
+    p.add_argument("--layers", type=int, default=4, help="its number of layers")
     p.add_argument("--platform", default="auto")
     p.add_argument("--threads", type=int, default=1)
     p.set_defaults(func=cmd_sft)

@@ -60,6 +60,24 @@ class TinyModelConfig:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
 
+    @classmethod
+    def of_size(cls, hidden_size: int = 128, num_hidden_layers: int = 4,
+                intermediate_size: int | None = None) -> "TinyModelConfig":
+        """A policy `hidden_size` wide (heads of 32, as many as fit) and `num_hidden_layers`
+        deep, its MLP `intermediate_size` wide (default 3 x hidden_size); the defaults are the
+        shipped tiny_warmstart's shape."""
+        if hidden_size < 32 or hidden_size % 32:
+            raise ValueError(f"hidden size {hidden_size}: must be a positive multiple of 32 "
+                             "(heads of 32)")
+        if num_hidden_layers < 1:
+            raise ValueError(f"layers {num_hidden_layers}: must be >= 1")
+        if intermediate_size is not None and intermediate_size < 1:
+            raise ValueError(f"intermediate size {intermediate_size}: must be >= 1")
+        heads = hidden_size // 32
+        return cls(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                   intermediate_size=intermediate_size or 3 * hidden_size,
+                   num_attention_heads=heads, num_key_value_heads=heads)
+
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """A one-token-per-character tokenizer with a Qwen-like chat template."""

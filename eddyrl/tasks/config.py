@@ -11,10 +11,14 @@ from .dataset import check_suffix
 from .formats import FORMATS
 
 
-# The built-in synthetic tasks, generated when no data files are given: `arith` (tasks/arith.py,
-# single-turn) and `tool_add` (tasks/tool_task.py: sums too long to add without the calculator
-# environment, `env.name = calculator`).
-TASKS = ("arith", "tool_add")
+# The built-in synthetic tasks, generated when no data files are given (tasks/builtin.py):
+# `arith` (tasks/arith.py, single-turn), `cipher` (tasks/cipher.py: encipher a word with a fixed
+# key, scored by CIPHER_REWARD; the task with headroom, `eddy train cipher_tiny`) and `tool_add`
+# (tasks/tool_task.py: sums too long to add without the calculator environment,
+# `env.name = calculator`).
+TASKS = ("arith", "cipher", "tool_add")
+ARITH_REWARD = "eddyrl.tasks.reward:reward"
+CIPHER_REWARD = "eddyrl.tasks.cipher:reward"
 
 
 PromptOverflow = Literal["error", "truncate"]
@@ -46,7 +50,7 @@ class DataConfig:
     fields: DataFields = field(default_factory=DataFields)  # overrides the format's field names
     train_size: int = 20000  # rows generated for the built-in task
     eval_size: int = 500
-    reward_fn: str = "eddyrl.tasks.reward:reward"  # dotted path: fn(response, answer) -> float
+    reward_fn: str = ARITH_REWARD  # dotted path: fn(response, answer) -> float
     # A reward call running longer scores 0, counted in reward_errors (None: no limit)
     reward_timeout_s: float | None = 60.0
     max_prompt_tokens: int = 96
@@ -68,6 +72,10 @@ class DataConfig:
         if (self.train_path is None) != (self.eval_path is None):
             raise contradiction(f"{prefix}.train_path and {prefix}.eval_path must be given "
                                 "together (or neither, to generate the built-in task)")
+        if self.train_path is None and self.task == "cipher" and self.reward_fn == ARITH_REWARD:
+            raise contradiction(f"{prefix}.task = cipher answers with a word, which the arith "
+                                f"reward ({ARITH_REWARD}) scores 0; set {prefix}.reward_fn = "
+                                f"{CIPHER_REWARD} (as the bundled config cipher_tiny does)")
         if self.train_path is None:
             custom = (self.format != "plain" or self.fields.prompt is not None
                       or self.fields.answer is not None)

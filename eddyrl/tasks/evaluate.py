@@ -69,8 +69,10 @@ def evaluate(
     device: torch.device,
     temperature: float = 0.0,
     batch_size: int = 256,
+    reward_fn=reward,
 ) -> float:
-    """Fraction of `eval_rows` answered correctly (greedy when temperature is 0)."""
+    """Fraction of `eval_rows` answered correctly (greedy when temperature is 0): `reward_fn`
+    (response, answer), arith's by default, gives 1.0."""
     responses = generate_responses(
         model,
         tokenizer,
@@ -80,5 +82,5 @@ def evaluate(
         device=device,
         batch_size=batch_size,
     )
-    correct = sum(reward(text, row["answer"]) == 1.0 for text, row in zip(responses, eval_rows))
+    correct = sum(reward_fn(text, row["answer"]) == 1.0 for text, row in zip(responses, eval_rows))
     return correct / max(len(eval_rows), 1)

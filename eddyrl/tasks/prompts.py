@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import tool_task
 from ..errors import ConfigError
-from ..tasks.arith import ArithTaskConfig, write_splits
+from ..tasks.builtin import write_builtin_splits
 from ..tasks.config import DataConfig
 from ..tasks.dataset import read_rows
 from ..tasks.formats import row_format
@@ -215,9 +214,8 @@ def load_splits(config: DataConfig, data_dir: Path, seed: int) -> tuple[list[dic
     `data_dir` (deterministic in `seed`) when no paths are configured. Configured files are
     read in `config.format` with `config.fields` in place of its field names."""
     if config.train_path is None:
-        write, task = (tool_task.write_splits, tool_task.ToolTaskConfig()) \
-            if config.task == "tool_add" else (write_splits, ArithTaskConfig())
-        train_path, eval_path = write(data_dir, seed, config.train_size, config.eval_size, task)
+        train_path, eval_path = write_builtin_splits(config.task, data_dir, seed,
+                                                     config.train_size, config.eval_size)
     else:
         train_path, eval_path = Path(config.train_path), Path(config.eval_path)
     fmt = row_format(config.format, config.fields.prompt, config.fields.answer)

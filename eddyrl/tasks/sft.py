@@ -1,5 +1,6 @@
-"""Supervised warm start for the tiny policy on arith demonstrations, or on reference episodes
-of the tiny multi-turn tool task (`tasks/tool_task.py`).
+"""Supervised warm start for the tiny policy on arith demonstrations, on enciphered words
+(`tasks/cipher.py`), or on reference episodes of the tiny multi-turn tool task
+(`tasks/tool_task.py`).
 
 The warm start is deliberately short: it teaches the response format and some arithmetic,
 leaving held-out accuracy modest so that RL has visible room to climb.
@@ -24,7 +25,7 @@ from eddyrl.tasks.arith import (
     max_response_chars,
     parse_prompt,
 )
-from eddyrl.tasks import tool_task
+from eddyrl.tasks import cipher, tool_task
 from eddyrl.tasks.evaluate import chat_prompt, evaluate
 
 IGNORE_INDEX = -100  # label value that cross_entropy skips: prompt and padding positions
@@ -44,6 +45,16 @@ def demonstration_batch(
         if stop_early and stop_early[i]:
             numbers = numbers[:-1]
         episodes.append([("model", demonstration(format_prompt(numbers)))])
+    return episode_batch(tokenizer, [row["prompt"] for row in rows], episodes, device)
+
+
+def cipher_demonstration_batch(
+    tokenizer: PreTrainedTokenizerFast,
+    rows: list[dict],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """The enciphered word of every row (its true answer), labels on it and the end token."""
+    episodes = [[("model", cipher.demonstration(row["prompt"]))] for row in rows]
     return episode_batch(tokenizer, [row["prompt"] for row in rows], episodes, device)
 
 
@@ -102,11 +113,12 @@ def run_sft(
     batch_size: int,
     seed: int,
     device: torch.device,
-    task: ArithTaskConfig | tool_task.ToolTaskConfig = ArithTaskConfig(),
+    task: ArithTaskConfig | cipher.CipherTaskConfig | tool_task.ToolTaskConfig = ArithTaskConfig(),
     model_config: TinyModelConfig = TinyModelConfig(),
     eval_count: int = 200,
     early_stop_fraction: float = 0.0,
     no_tool_fraction: float = 0.0,
+    stop_at: int | None = None,
 ) -> dict:
     """Train a fresh tiny policy on demonstrations, save it to `out_dir` (HF format) if
     given, and return metrics including greedy held-out accuracy.
@@ -119,14 +131,23 @@ def run_sft(
 
     With the tool task (`task` a ToolTaskConfig), `no_tool_fraction` of the demonstrations
     answer without the calculator (the same idea: a habit for RL to unlearn), and no held-out
-    accuracy is returned: an episode needs the environment, so `eddy eval` measures it."""
+    accuracy is returned: an episode needs the environment, so `eddy eval` measures it.
+
+    With the cipher task (`task` a CipherTaskConfig) every demonstration is honest. `stop_at`
+    (any task) ends training after that many of the `steps` steps, the learning-rate schedule
+    still the one of `steps`: an under-trained warm start, as the cipher one is (it knows the
+    common letters and half-knows the rest, which RL then learns letter by letter)."""
+    if stop_at is not None and not 1 <= stop_at <= steps:
+        raise ValueError(f"stop_at={stop_at}: must be in 1..steps ({steps})")
     started = time.monotonic()
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed, model_config).to(device)
     model.train()
     with_tool = isinstance(task, tool_task.ToolTaskConfig)
-    train_rows = (tool_task.generate_rows if with_tool else generate_rows)(
-        steps * batch_size, seed, "train", task)
+    with_cipher = isinstance(task, cipher.CipherTaskConfig)
+    generate = (tool_task.generate_rows if with_tool
+                else cipher.generate_rows if with_cipher else generate_rows)
+    train_rows = generate(steps * batch_size, seed, "train", task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
 
@@ -138,11 +159,14 @@ def run_sft(
     early_stop_rng = random.Random(f"lazy-{seed}")
     careless = no_tool_fraction if with_tool else early_stop_fraction
     loss_value = float("nan")
-    for step in range(steps):
+    for step in range(steps if stop_at is None else stop_at):
         rows = train_rows[step * batch_size : (step + 1) * batch_size]
         stop_early = [early_stop_rng.random() < careless for _ in rows]
-        batch = (tool_demonstration_batch if with_tool else demonstration_batch)(
-            tokenizer, rows, device, stop_early)
+        if with_cipher:
+            batch = cipher_demonstration_batch(tokenizer, rows, device)
+        else:
+            batch = (tool_demonstration_batch if with_tool else demonstration_batch)(
+                tokenizer, rows, device, stop_early)
         loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -152,7 +176,11 @@ def run_sft(
         loss_value = loss.item()
     model.eval()
     accuracy = None
-    if not with_tool:
+    if with_cipher:
+        accuracy = evaluate(model, tokenizer, cipher.generate_rows(eval_count, seed, "eval", task),
+                            max_new_tokens=cipher.max_response_chars(task) + 1, device=device,
+                            reward_fn=cipher.reward)
+    elif not with_tool:
         eval_rows = generate_rows(eval_count, seed, "eval", task)
         accuracy = evaluate(model, tokenizer, eval_rows,
                             max_new_tokens=max_response_chars(task) + 1, device=device)
