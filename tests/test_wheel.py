@@ -74,6 +74,8 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch):
                     "eddyrl/configs/recipes/README.md",
                     "eddyrl/configs/recipes/qwen3_4b_dapo_math_gpu.yaml",
                     "eddyrl/assets/tiny_warmstart/config.json",
+                    "eddyrl/configs/cipher_tiny.yaml",
+                    "eddyrl/assets/cipher_warmstart/model.safetensors",
                     "eddyrl/platform_checks/contract.py", "eddyrl/platform_checks/runner.py"):
         assert shipped in names, shipped
 

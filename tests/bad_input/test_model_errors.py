@@ -40,7 +40,7 @@ def test_unknown_builtin_model_lists_the_builtins():
     with pytest.raises(ConfigError) as error:
         load_config(overrides=["model.path=builtin:tiny"])
     assert str(error.value) == ("config key 'model.path' = 'builtin:tiny': no built-in model "
-                                "'tiny'; built-in models: tiny_warmstart")
+                                "'tiny'; built-in models: cipher_warmstart, tiny_warmstart")
 
 
 def test_checkpoint_without_config_json(tiny_model_dir, tmp_path):
