@@ -72,7 +72,8 @@ def max_response_chars(config: ArithTaskConfig) -> int:
     return (largest_sum_digits + 1) * (config.max_terms + 1) + 2
 
 
-def _in_eval_split(prompt: str, eval_fraction: float) -> bool:
+def in_eval_split(prompt: str, eval_fraction: float) -> bool:
+    """Whether `prompt` belongs to the held-out split (every built-in task splits this way)."""
     # Splitting by a stable hash of the prompt keeps train and eval disjoint whatever their
     # sizes, without skewing the term-count distribution of either.
     return zlib.crc32(prompt.encode()) % 10_000 < eval_fraction * 10_000
@@ -91,7 +92,7 @@ def generate_rows(count: int, seed: int, split: str, config: ArithTaskConfig) ->
         k = rng.choices(term_counts, term_weights)[0]
         numbers = [rng.randint(0, config.max_operand) for _ in range(k)]
         prompt = format_prompt(numbers)
-        if _in_eval_split(prompt, config.eval_fraction) != want_eval:
+        if in_eval_split(prompt, config.eval_fraction) != want_eval:
             continue
         rows.append({"prompt": prompt, "answer": str(sum(numbers)), "num_terms": k})
     return rows

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import string
-import zlib
 from pathlib import Path
 
-from eddyrl.tasks.dataset import write_rows
+from .arith import in_eval_split
+from .arith import write_splits as write_task_splits
 
 PROMPT_PREFIX = "enc "
 ALPHABET = string.ascii_lowercase
@@ -105,8 +105,7 @@ def generate_rows(count: int, seed: int, split: str, config: CipherTaskConfig) -
         length = rng.choices(lengths, length_weights)[0]
         word = "".join(rng.choices(letters, letter_weights, k=length))
         prompt = format_prompt(word)
-        in_eval = zlib.crc32(prompt.encode()) % 10_000 < config.eval_fraction * 10_000
-        if in_eval != want_eval:
+        if in_eval_split(prompt, config.eval_fraction) != want_eval:
             continue
         rows.append({"prompt": prompt, "answer": encipher(word), "num_terms": length})
     return rows
@@ -115,9 +114,5 @@ def generate_rows(count: int, seed: int, split: str, config: CipherTaskConfig) -
 def write_splits(out_dir: Path, seed: int, train_count: int, eval_count: int,
                  config: CipherTaskConfig) -> tuple[Path, Path]:
     """Write `train.jsonl` and `eval.jsonl` into `out_dir`; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train_path, eval_path = out_dir / "train.jsonl", out_dir / "eval.jsonl"
-    write_rows(train_path, generate_rows(train_count, seed, "train", config))
-    write_rows(eval_path, generate_rows(eval_count, seed, "eval", config))
-    return train_path, eval_path
+    return write_task_splits(out_dir, seed, train_count, eval_count, config,
+                             generate=generate_rows)

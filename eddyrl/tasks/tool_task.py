@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import zlib
 from pathlib import Path
 
-from .arith import format_prompt, parse_prompt
+from .arith import format_prompt, in_eval_split, parse_prompt
 from .arith import write_splits as write_task_splits
 from ..envs.calculator import TINY_SYNTAX
 
@@ -56,8 +55,7 @@ def generate_rows(count: int, seed: int, split: str, config: ToolTaskConfig) -> 
         numbers = [_number(rng, rng.randint(config.min_digits, config.max_digits))
                    for _ in range(k)]
         prompt = format_prompt(numbers)
-        in_eval = zlib.crc32(prompt.encode()) % 10_000 < config.eval_fraction * 10_000
-        if in_eval == (split == "eval"):
+        if in_eval_split(prompt, config.eval_fraction) == (split == "eval"):
             rows.append({"prompt": prompt, "answer": str(sum(numbers)), "num_terms": k})
     return rows
 
