@@ -1,7 +1,8 @@
 """Training modes side by side: the tiny default on this machine, each mode from the same warm
 start, seed and wall-clock budget, one after another in one invocation.
 
-    python bench/modes.py [--seconds 150] [--modes sync,one_step,async,multiversion,replay,all]
+    python bench/modes.py [--config cipher_tiny] [--seconds 150]
+                          [--modes sync,one_step,async,multiversion,replay,all]
                           [--variant 'NAME=MODE key=value ...'] [--target 0.6]
                           [--out bench/results] [key=value ...]
 
@@ -11,7 +12,9 @@ with exactly the registry's settings, the same as its mode file and as `eddy ben
 Prints how it was run and a table (training samples/s, generated tokens/s, trainer and rollout
 idle fractions, staleness, replay fraction, held-out accuracy at fixed times, time to the target
 accuracy, final accuracy), and writes results.json and accuracy_vs_time.png into --out.
-Extra key=value overrides apply to every mode. Not part of the test suite: minutes per mode.
+`--config` is the run every mode starts from (a bundled config's name or a YAML file; the
+built-in defaults when not given), then the mode's registry keys, then the key=value overrides,
+which apply to every mode. Not part of the test suite: minutes per mode.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("sync", "one_step", "async", "multiversion", "replay", "all")
 
 
-def mode_config(mode: str, overrides: list[str]):
-    """The run of `mode`: the built-in defaults, the registry's overrides for it, then
-    `overrides` (the benchmark's own and the command line's)."""
+def mode_config(mode: str, overrides: list[str], base: str | None = None):
+    """The run of `mode`: `base` (a config's name or file; the built-in defaults when None), the
+    registry's overrides for the mode, then `overrides` (the benchmark's own and the command
+    line's)."""
     from eddyrl.config import load_config
     from eddyrl.modes import get
 
-    return load_config(None, [*get(mode).overrides, *overrides])
+    return load_config(base, [*get(mode).overrides, *overrides])
 
 
 def summarize(metrics: list[dict], summary: dict, target: float, marks: list[float]) -> dict:
@@ -94,6 +98,9 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=None,
+                        help="the run every mode starts from, e.g. cipher_tiny (default: the "
+                             "built-in defaults, the tiny arithmetic task)")
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--target", type=float, default=0.6)
@@ -130,6 +137,7 @@ def main() -> int:
     print(f"# bench/modes.py on {platform.node()} ({os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}), python {sys.version.split()[0]}")
     print(f"# runs {[f'{n}={m}' + ''.join(' ' + o for o in x) for n, (m, x) in runs.items()]}; "
+          f"from config {args.config or 'the built-in defaults'}; "
           f"budget {args.seconds:.0f} s of training each; target accuracy {args.target}; "
           f"overrides {common}")
     marks = [args.seconds / 4, args.seconds / 2, args.seconds]
@@ -137,7 +145,8 @@ def main() -> int:
     for mode in modes:
         run_dir = out / mode
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: eddy train refuses to append
-        config = mode_config(runs[mode][0], [*common, *runs[mode][1], f"run_dir={run_dir}"])
+        config = mode_config(runs[mode][0], [*common, *runs[mode][1], f"run_dir={run_dir}"],
+                             args.config)
         began = time.monotonic()
         summary = json.loads(train(config).read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
