@@ -56,6 +56,7 @@ def summarize(metrics: list[dict], summary: dict, target: float, marks: list[flo
         at[f"acc@{mark:.0f}s"] = seen[-1] if seen else None
     reached = [wall - start for wall, acc in evals if acc >= target]
     return {
+        "runtime": summary.get("runtime"),  # local (one process) or ray: cluster.runtime auto
         "steps": len(steps),
         "samples_per_s": sum(m.get("samples_trained", 0) for m in steps) / train_wall,
         "gen_tokens_per_s": sum(m.get("gen_tokens", 0) for m in steps) / train_wall,
@@ -153,7 +154,7 @@ def main() -> int:
         results[mode] = summarize(metrics, summary, args.target, marks)
         print(f"# {mode}: done in {time.monotonic() - began:.0f} s", flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    columns = ["steps", "samples_per_s", "gen_tokens_per_s", "trainer_idle_fraction",
+    columns = ["runtime", "steps", "samples_per_s", "gen_tokens_per_s", "trainer_idle_fraction",
                "rollout_idle_fraction", "staleness_mean", "staleness_max", "replay_fraction",
                *[f"acc@{m:.0f}s" for m in marks], "time_to_target_s", "initial_accuracy",
                "final_accuracy"]

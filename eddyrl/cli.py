@@ -164,12 +164,10 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .hal import get_platform
     from .models.tiny import TinyModelConfig
-    from .tasks.arith import ArithTaskConfig
-    from .tasks.cipher import CipherTaskConfig
+    from .tasks.builtin import BUILTIN_TASKS
     from .tasks.sft import run_sft
-    from .tasks.tool_task import ToolTaskConfig
 
-    task = {"tool_add": ToolTaskConfig, "cipher": CipherTaskConfig}.get(ns.task, ArithTaskConfig)()
+    _, task, _ = BUILTIN_TASKS[ns.task]  # the task's default settings, as `eddy train` uses
     try:
         model_config = TinyModelConfig.of_size(ns.hidden_size, ns.layers, ns.intermediate_size)
     except ValueError as error:
