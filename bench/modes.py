@@ -85,14 +85,16 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, r in results.items():
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    colors = plt.get_cmap("tab20").colors  # twenty, so a dozen modes do not share a colour
+    for i, (mode, r) in enumerate(results.items()):
         xs, ys = zip(*r["curve"])
-        ax.plot(xs, ys, marker="o", label=mode)
+        ax.plot(xs, ys, marker="os^vD"[i % 5], markersize=3, linewidth=1.2,
+                color=colors[(2 * i) % 20 + (2 * i) // 20], label=mode)
     ax.set_xlabel("training wall time (s, after start-up)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

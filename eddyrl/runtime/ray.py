@@ -62,6 +62,12 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         # from them: on the 2-core VM with two busy loops, a test suite's e2e runs stalled.
         # A user's own setting wins.
         os.environ.setdefault("RAY_worker_niceness", "0")
+        # When the driver connects, Ray's raylet starts a Python worker per CPU, ahead of any
+        # task. A run's work is its actors, each started for itself, so on a small machine
+        # those idle workers only take CPU from the run's start: with them a 2-step e2e run
+        # on the 2-core VM took 1.14x the CPU (1.14-1.17 over 3 pairs); its wall time, 1.09x
+        # in the median, was within the machine's noise (0.96-1.25).
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     else:
         ray_connect.prepare_join(config.cluster.address)
     import ray
