@@ -165,15 +165,17 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     from .hal import get_platform
     from .models.tiny import TinyModelConfig
     from .tasks.builtin import BUILTIN_TASKS
-    from .tasks.sft import run_sft
+    from .tasks.sft import check_stop_at, run_sft
 
     _, task, _ = BUILTIN_TASKS[ns.task]  # the task's default settings, as `eddy train` uses
-    try:
+    try:  # before any work, in the command's own words
         model_config = TinyModelConfig.of_size(ns.hidden_size, ns.layers, ns.intermediate_size)
     except ValueError as error:
         raise ConfigError(f"eddy sft: {error}") from None
-    if ns.stop_at is not None and not 1 <= ns.stop_at <= ns.steps:
-        raise ConfigError(f"eddy sft: --stop-at {ns.stop_at} must be in 1..--steps ({ns.steps})")
+    try:
+        check_stop_at(ns.stop_at, ns.steps)
+    except ValueError as error:
+        raise ConfigError(f"eddy sft --stop-at {ns.stop_at} --steps {ns.steps}: {error}") from None
     platform = get_platform(ns.platform)
     torch.set_num_threads(ns.threads)  # the shipped warm starts were made with one thread
     metrics = run_sft(ns.out, steps=ns.steps, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed,

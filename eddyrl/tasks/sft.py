@@ -105,6 +105,12 @@ def episode_batch(
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
+def check_stop_at(stop_at: int | None, steps: int) -> None:
+    """`stop_at` ends training within the schedule of `steps`, or is None (all of it)."""
+    if stop_at is not None and not 1 <= stop_at <= steps:
+        raise ValueError(f"stop_at={stop_at}: must be in 1..steps ({steps})")
+
+
 def run_sft(
     out_dir: Path | None,
     *,
@@ -137,8 +143,7 @@ def run_sft(
     (any task) ends training after that many of the `steps` steps, the learning-rate schedule
     still the one of `steps`: an under-trained warm start, as the cipher one is (it knows the
     common letters and half-knows the rest, which RL then learns letter by letter)."""
-    if stop_at is not None and not 1 <= stop_at <= steps:
-        raise ValueError(f"stop_at={stop_at}: must be in 1..steps ({steps})")
+    check_stop_at(stop_at, steps)
     started = time.monotonic()
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed, model_config).to(device)
