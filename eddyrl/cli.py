@@ -65,10 +65,23 @@ def cmd_config_show(ns: argparse.Namespace) -> int:
         from .sim.config import load_scenario
 
         config = load_scenario(resolved, overrides)
-    else:
-        config = load_config(resolved, overrides)
+    else:  # without the model's files: a recipe shows before its model is downloaded
+        config = load_config(resolved, overrides, check_files=False)
     print(to_yaml(config), end="")
     return 0
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    """The run's predicted memory per role and device; exit status 1 when it does not fit."""
+    from .config import load_config
+    from .plan.memory_plan import plan_memory
+    from .plan.report import format_plan, plan_dict
+
+    path, overrides = _split_config_args(ns.args)
+    config = load_config(path, overrides, check_files=False)  # a recipe plans without weights
+    plan = plan_memory(config, ns.device)
+    print(json.dumps(plan_dict(plan), indent=2) if ns.json else format_plan(plan))
+    return 0 if plan.fits else 1
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -411,6 +424,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "each policy's worker timeline (timeline_<policy>.png) and Perfetto / "
                    "Chrome trace (trace_<policy>.json)")
     p.set_defaults(func=cmd_bench_sim)
+
+    p = sub.add_parser("plan", help="predicted memory of a run per role and device, against "
+                       "the devices' memory: [config.yaml | bundled name] [key=value ...]; exit "
+                       "status 1 when it does not fit",
+                       usage="eddy plan [-h] [CONFIG] [KEY=VALUE ...] [--device NAME] [--json]",
+                       description="The memory a run will hold on each device (trainer: "
+                       "weights, gradients, optimizer, activations, log-probs, ...; rollout: "
+                       "weights, KV cache, workspace) from the model's config.json and the "
+                       "run's settings, no weights needed, with the cheapest fixes when it does "
+                       "not fit. Exit status 0: fits, 1: does not fit, 2: a bad config.")
+    p.add_argument("args", nargs="*", metavar="CONFIG KEY=VALUE",
+                   help="CONFIG: a YAML file or a bundled config's name; then KEY=VALUE")
+    p.add_argument("--device", metavar="NAME", default=None,
+                   help="plan for devices of this datasheet entry (H100, A800, H200, H20, "
+                   "910B, ...) instead of this machine's")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("config", help="inspect configuration")
     config_sub = p.add_subparsers(dest="config_command", required=True)

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from .build import build_controller, loop_settings
 from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
 from .envs.hosting import EnvHost, host_environments
+from .plan.check import check_memory
 from .preflight import preflight
 from .protocol import SamplingParams
 from .run_dir import RunDirectory
@@ -111,26 +113,42 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
     manifest first unless `verify` is False; a plain model directory has nothing to check."""
     from . import checkpoints
     from .engines.registry import load_engine_class
+    from .engines.training.lora import adapter_base, merged_state
     from .models.config import ModelConfig
     from .runtime.inprocess import InProcessRuntime
 
-    model_path = ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
-    if verify and ((Path(model_path) / checkpoints.MANIFEST).exists()
-                   or checkpoints.step_of(Path(model_path)) is not None):
-        checkpoints.verify(Path(model_path))  # a corrupt one is refused by name
+    # A LoRA checkpoint (peft's format) holds the adapter; the model is the base it names,
+    # with the adapter merged by peft (engines/training/lora.py)
+    base = adapter_base(os.path.expanduser(checkpoint)) \
+        if os.path.isdir(os.path.expanduser(checkpoint)) else None
+    saved = os.path.expanduser(checkpoint) if base else \
+        ModelConfig(path=checkpoint).resolve(label=f"checkpoint {checkpoint!r}")
+    if verify and ((Path(saved) / checkpoints.MANIFEST).exists()
+                   or checkpoints.step_of(Path(saved)) is not None):
+        checkpoints.verify(Path(saved))  # a corrupt one is refused by name
+    model_path = saved if base is None else ModelConfig(path=base).resolve(
+        label=f"base model {base!r} of the LoRA checkpoint {checkpoint!r}")
+    weights = None if base is None else merged_state(model_path, saved)
     tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
     # One engine, no trainer: no pool to move workers in, no buckets to route between.
     settings = dataclasses.replace(settings, elastic=ElasticConfig(), adaptive=AdaptiveConfig(),
                                    routing=RoutingConfig(), plan_cost=None)
     platform = get_platform(role_platform_name(config, "rollout"))  # eval needs no trainer
     engine = load_engine_class("rollout", config.rollout.engine)(
-        model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
+        model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size,
+        **config.rollout_engine_options())
     controller = build_controller(settings, InProcessRuntime(engine), train_set, eval_set,
                                   decode=lambda ids: tokenizer.decode(ids,
                                                                       skip_special_tokens=True),
                                   reward=reward)
+
+    async def evaluate() -> dict[str, float]:
+        if weights is not None:
+            await engine.load_weights(engine.version, [weights])
+        return await controller.evaluate()
+
     try:
-        result = asyncio.run(controller.evaluate())
+        result = asyncio.run(evaluate())
     finally:
         close_user_code(settings, reward)
     return {**result, "eval_prompts": len(eval_set.prompts), "reward_errors": reward.errors}
@@ -144,6 +162,7 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     # Fail fast, in one sentence, if a platform is absent; else the names go into the config
     # (saved with the run, read by every actor) and the checkpoints.
     explicit = record_role_platforms(config)
+    check_memory(config)  # preflight.memory: before the run directory or anything else exists
     run_dir = resolve_run_dir(config)
     with RunDirectory.claim(run_dir) as hold:  # no second run on it while this one lives
         return _train(config, on_step, hold, started, explicit)

@@ -5,12 +5,28 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
 
 from .errors import ConfigError
+from .validation import check_choice
 
 if TYPE_CHECKING:
     from .config import EddyConfig
+
+MemoryCheck = Literal["check", "warn", "off"]
+
+
+@dataclass(kw_only=True, slots=True)
+class PreflightConfig:
+    # The memory plan (`eddy plan`) before the run directory, Ray or any engine: check
+    # (refuse a run predicted not to fit, with the numbers and the cheapest fixes), warn
+    # (say so and go on), or off
+    memory: MemoryCheck = "check"
+
+    def validate(self, prefix: str) -> None:
+        check_choice(f"{prefix}.memory", self.memory, get_args(MemoryCheck))
+
 
 # Engines that need a package besides Eddy's own dependencies: (module, its name, how to get it).
 # They are checked as installed without importing them here (vLLM takes seconds to import,
@@ -77,17 +93,22 @@ def preflight(config: EddyConfig) -> str:
     - lengths: `rollout.max_new_tokens`, and `data.max_prompt_tokens` plus it, within the
       model's max_position_embeddings (`check_lengths`);
     - the engines: `rollout.engine` and `train.engine` installed and importable
-      (`check_engine`: "vLLM is not installed");
+      (`check_engine`: "vLLM is not installed"), and peft with `train.lora.rank` > 0;
     - a cluster to join (`cluster.address` host:port): something answers there as a gRPC
       server, within seconds (`runtime.ray_connect`; the data is not generated for nothing).
 
-    The platforms are checked by `runtime.placement.resolve_role_platforms`, the tokenizer
-    against the model and the data files by `launch.prepare` (also before Ray starts). Returns
-    the model directory."""
+    The memory plan (`preflight.memory`, `plan/check.py`) runs before these, before the run
+    directory exists. The platforms are checked by `runtime.placement.resolve_role_platforms`,
+    the tokenizer against the model and the data files by `launch.prepare` (also before Ray
+    starts). Returns the model directory."""
     model_path = config.model.resolve()
     check_lengths(config, model_path)
     check_engine("rollout", config.rollout.engine)
     check_engine("train", config.train.engine)
+    if config.train.lora.enabled:  # peft, the `lora` extra
+        from .engines.training.lora import require_peft
+
+        require_peft(config.train.lora.rank)
     address = config.cluster.address
     if address is not None and address != "auto" and config.runtime_kind() == "ray":
         from .runtime.ray_connect import check_grpc, check_reachable

@@ -1,7 +1,8 @@
 """`eddy train`'s run checkpoints and `resume=`.
 
 A run checkpoint is the trainer's checkpoint (HF-format safetensors that plain transformers
-loads, optimizer state and each rank's RNG: `engines/training/fsdp.py`) plus the controller's
+loads, or with `train.lora` peft's adapter files; optimizer state and each rank's RNG:
+`engines/training/fsdp.py`) plus the controller's
 state (`core/run_state.py`), in one directory written atomically with a manifest
 (`checkpoints.py`): `<run_dir>/checkpoints/step_000042/`. One is written every
 `checkpoint.every` steps and one at the end of the run; `<run_dir>/checkpoint/` mirrors the last

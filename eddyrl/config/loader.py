@@ -66,6 +66,12 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
                               f"(valid keys here: {allowed})")
         child = schema._get_node(key)
         choices = _literal_choices(child)
+        if choices is not None and isinstance(value, bool) and \
+                all(isinstance(c, str) for c in choices):
+            # YAML 1.1 reads a bare off / on as a boolean: where that word is a choice
+            # (`preflight.memory: off`), it is what was meant
+            word = [c for c in choices if c == ("on" if value else "off")]
+            value = tree[key] = word[0] if word else value
         if choices is not None and value is not None:
             # as a str field would take it (YAML's bare off is False, taken as 'False'),
             # with the message every choice key gives
@@ -220,11 +226,14 @@ def parse_overrides(overrides: Sequence[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
-                schema: type = EddyConfig, folder: str | None = None) -> EddyConfig:
+                schema: type = EddyConfig, folder: str | None = None, *,
+                check_files: bool = True) -> EddyConfig:
     """`path`: a YAML file, or the name of a bundled config (`modes/replay`, `sim/dora_64`:
     see `bundled_configs.py`; `folder` is where a bare name is looked up first); a file that
     exists wins. `schema`: the root dataclass, `EddyConfig` or one that extends it (the
-    simulator's `sim.config.SimRunConfig` adds its `sim` section)."""
+    simulator's `sim.config.SimRunConfig` adds its `sim` section). `check_files` False: every
+    key and value is checked but `model.path` need not be a model directory here (a recipe
+    read without its weights); `eddy train` checks it again at start-up."""
     cfg = _schema(schema)
     path = resolve_config(path, folder)
     if path is not None:
@@ -232,7 +241,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     if overrides:
         cfg = _merge(cfg, parse_overrides(overrides), "the command-line overrides")
     config: EddyConfig = OmegaConf.to_object(cfg)
-    config.validate()
+    config.validate(check_files=check_files)
     return config
 
 

@@ -13,6 +13,7 @@ from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..envs.config import EnvConfig
 from ..models.config import ModelConfig
 from ..observability.config import ObserveConfig
+from ..preflight import PreflightConfig
 from ..runtime.config import ClusterConfig
 from ..scheduler.adaptive import AdaptiveConfig
 from ..scheduler.routing_config import RoutingConfig
@@ -49,14 +50,20 @@ class EddyConfig:
     user_code: UserCodeConfig = field(default_factory=UserCodeConfig)
     # metrics to TensorBoard / W&B and the worker trace, besides metrics.jsonl
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    # what `eddy train` checks before it starts anything: the memory plan (`eddy plan`)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
-    def validate(self, prefix: str = "") -> None:
+    def validate(self, prefix: str = "", *, check_files: bool = True) -> None:
+        """`check_files` False: the model directory need not exist here (a config read
+        without its model: `eddy config show`, `eddy plan`); a run's start always checks it."""
         check_finite_fields(self)  # every float of the tree, before any range check
         check_platform_name("platform", self.platform)
         check_range("seed", self.seed, 0)
         for f in fields(self):
             section = getattr(self, f.name)
-            if is_dataclass(section):
+            if section is self.model:
+                section.validate(f.name, check_files=check_files)
+            elif is_dataclass(section):
                 section.validate(f.name)
         slots = int(self.replay.max_fraction * self.loop.batch_prompts + 1e-9)
         if slots >= self.loop.batch_prompts:
@@ -97,6 +104,16 @@ class EddyConfig:
             f"run trains {steps * batch}); set window.max_staleness <= {max(steps - 1, 0)}, or "
             "bound the groups in flight with window.max_inflight_prompts", UserWarning,
             stacklevel=3)
+
+    def longest_sequence(self) -> int:
+        """The longest sequence the run generates: a prompt of data.max_prompt_tokens and a
+        response of rollout.max_new_tokens (a multi-turn episode's whole transcript counts
+        against max_new_tokens). The rollout engines start with this context."""
+        return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+
+    def rollout_engine_options(self) -> dict:
+        """The inference engine's memory keyword arguments (`RolloutConfig.engine_options`)."""
+        return self.rollout.engine_options(self.longest_sequence())
 
     def runtime_kind(self) -> str:
         """The runtime this run uses: `cluster.runtime`, with "auto" resolved. A job that fits
@@ -198,3 +215,8 @@ class EddyConfig:
             raise contradiction(
                 f"elastic.enabled = True with algorithm.kl_coef = {self.algorithm.kl_coef}: a "
                 "joined replica holds no reference model; set kl_coef = 0")
+        if self.train.lora.enabled:
+            raise contradiction(
+                f"elastic.enabled = True with train.lora.rank = {self.train.lora.rank}: a "
+                "joined replica trains whole weights, not LoRA adapters; set "
+                "train.lora.rank = 0 or elastic.enabled = False")

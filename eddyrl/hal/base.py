@@ -199,6 +199,11 @@ class Platform:
         return self.module().current_stream()
 
     # ---- memory ---------------------------------------------------------------------------
+    def device_memory_bytes(self, index: int = 0) -> int:
+        """Memory of device `index` in bytes, asked before any engine starts (`eddy plan`, the
+        preflight memory check): the device's total, as its properties give it."""
+        return self.properties(index).total_memory
+
     def memory_info(self) -> MemoryInfo:
         mod = self.module()
         free, total = mod.mem_get_info()
@@ -315,6 +320,12 @@ class Platform:
         if dtype is None or dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=dtype)
+
+    def varlen_attention(self, dtype: torch.dtype) -> str | None:
+        """The transformers `attn_implementation` that runs sequences laid end to end, told
+        apart by `position_ids` restarting at 0, in `dtype` with no mask: a variable-length
+        kernel, nothing [T, T]. None: packed training builds a dense mask (attention.py)."""
+        return None
 
     # ---- profiling, model patches, engines -------------------------------------------------
     @contextlib.contextmanager

@@ -75,6 +75,11 @@ class CpuPlatform(Platform):
     def new_event(self, enable_timing: bool = False):
         return _HostEvent()
 
+    def device_memory_bytes(self, index: int = 0) -> int:
+        """The host's memory available now (MemAvailable), not its total: every process of
+        the run and everything else on the machine share it."""
+        return _meminfo_bytes("MemAvailable") or self.properties().total_memory
+
     def memory_info(self) -> MemoryInfo:
         total = self.properties().total_memory
         free = _meminfo_bytes("MemAvailable") or total
@@ -96,6 +101,12 @@ class CpuPlatform(Platform):
 
     def get_rng_state(self) -> dict[str, torch.Tensor]:
         return {"cpu": torch.get_rng_state()}
+
+    def varlen_attention(self, dtype: torch.dtype) -> str | None:
+        # None: transformers' sdpa and eager do tell packed sequences apart by their
+        # position_ids, but by building the [T, T] block mask themselves: nothing saved over
+        # the shared-prompt layout's mask, which also shares the prompts' forward pass
+        return None
 
     def inference_engine_env(self) -> dict[str, str]:
         # vLLM's CPU backend runs its one worker in a process of its own unless the first is

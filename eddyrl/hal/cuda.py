@@ -50,6 +50,25 @@ class CudaPlatform(Platform):
             return self.is_available() and torch.cuda.is_bf16_supported()
         return dtype in (torch.float16, torch.float32)
 
+    def varlen_attention(self, dtype: torch.dtype) -> str | None:
+        """flash-attn 2 where it is installed, on Ampere or later, in fp16 / bf16 (its only
+        dtypes): transformers finds each sequence's start in `position_ids` and calls
+        `flash_attn_varlen_func` with their cumulative lengths
+        (transformers/modeling_flash_attention_utils.py)."""
+        from transformers.utils import is_flash_attn_2_available
+
+        if dtype not in (torch.float16, torch.bfloat16) or self.check_usable() is not None:
+            return None
+        if torch.cuda.get_device_capability(self.local_rank())[0] < 8:  # flash-attn 2: sm80+
+            return None
+        if not is_flash_attn_2_available():  # not installed, or older than transformers takes
+            return None
+        try:  # a build for another torch or CUDA fails here, not in the first step
+            import flash_attn  # noqa: F401
+        except Exception:
+            return None
+        return "flash_attention_2"
+
     @contextlib.contextmanager
     def profile_range(self, name: str) -> Iterator[None]:
         # a start/end range, not push/pop: push/pop is a per-thread stack, and ranges of

@@ -71,6 +71,17 @@ class NpuPlatform(Platform):
             return self.is_available() and torch.npu.is_bf16_supported()
         return dtype in (torch.float16, torch.float32)
 
+    def varlen_attention(self, dtype: torch.dtype) -> str | None:
+        """The fused attention with actual sequence lengths, in fp16 / bf16: on Ascend,
+        transformers runs `flash_attention_2` as `torch_npu.npu_fusion_attention` in the TND
+        layout with `actual_seq_qlen` / `actual_seq_kvlen` (each sequence's cumulative end,
+        found from `position_ids`) and the compressed causal mask (`sparse_mode` 3, or 2 with
+        NPU_FA2_SPARSE_MODE=2: the same for a query as long as its keys)
+        (transformers/integrations/npu_flash_attention.py). No flash-attn package needed."""
+        if dtype not in (torch.float16, torch.bfloat16) or self.check_usable() is not None:
+            return None
+        return "flash_attention_2"
+
     @contextlib.contextmanager
     def profile_range(self, name: str) -> Iterator[None]:
         from torch_npu.npu import mstx

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..validation import did_you_mean
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
+SHAPES = ASSETS / "shapes"  # models' config.json files without weights (`model.shape`)
 # At least one of these makes a directory's tokenizer; without any, transformers may build an
 # empty one from config.json alone instead of failing.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
@@ -39,9 +41,19 @@ class ModelConfig:
     # file holds, so set it only for a file you trust (or convert it: save_pretrained writes
     # safetensors).
     allow_pickle_weights: bool = False
+    # The model's shape for `eddy plan` and the preflight memory check when `path` is not on
+    # this machine (a recipe's placeholder): a shipped shape's name (eddyrl/assets/shapes:
+    # Qwen3-4B, ...) or a config.json file. A config.json at `path` wins.
+    shape: str | None = None
 
-    def validate(self, prefix: str) -> None:
-        self.resolve(prefix)
+    def validate(self, prefix: str, check_files: bool = True) -> None:
+        """`check_files`: whether `path` must be a model directory on this machine (a run's
+        start); False for reading a config without its model (`eddy config show`, `eddy
+        plan`)."""
+        if self.shape is not None:
+            shape_file(self.shape, f"{prefix}.shape")
+        if check_files:
+            self.resolve(prefix)
 
     def resolve(self, prefix: str = "model", label: str | None = None) -> str:
         """The model directory on disk; a clear error when it is not a model directory: a
@@ -52,7 +64,8 @@ class ModelConfig:
         if self.path.startswith(BUILTIN_PREFIX):
             name = self.path[len(BUILTIN_PREFIX):]
             directory = ASSETS / name
-            known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir()) if ASSETS.is_dir() else []
+            known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir() and p != SHAPES) \
+                if ASSETS.is_dir() else []
             if not directory.is_dir():
                 raise ConfigError(f"{label}: no built-in "
                                   f"model {name!r}; built-in models: {', '.join(known) or 'none'}")
@@ -69,6 +82,27 @@ class ModelConfig:
             raise ConfigError(f"{label}: {directory} has no {' and no '.join(missing)}, so it "
                               f"is not a Hugging Face model directory (expected {EXPECTED})")
         return str(directory)
+
+
+def shipped_shapes() -> list[str]:
+    """The names of the model shapes shipped in eddyrl/assets/shapes (config.json only)."""
+    return sorted(p.parent.name for p in SHAPES.glob("*/config.json"))
+
+
+def shape_file(shape: str, key: str = "model.shape") -> Path:
+    """The config.json `shape` names: a shipped shape (case aside), or a file (or a model
+    directory holding one); a ConfigError naming `key` and the shipped shapes otherwise."""
+    known = {name.lower(): name for name in shipped_shapes()}
+    if shape.lower() in known:
+        return SHAPES / known[shape.lower()] / "config.json"
+    path = Path(shape).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return path
+    raise ConfigError(f"config key {key!r} = {shape!r} is neither a shipped shape nor a "
+                      f"config.json file; shipped shapes: {', '.join(known.values())}"
+                      f"{did_you_mean(shape, list(known.values()))}")
 
 
 def _missing_weights(directory: Path, label: str, allow_pickle: bool, prefix: str) -> list[str]:

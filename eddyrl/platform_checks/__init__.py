@@ -5,6 +5,8 @@ plug-in can check it from an installed wheel: `eddy platforms check NAME`.
 - `collectives`: two spawned processes in one group (tests/hal/test_distributed.py);
 - `engines`: the `hf` inference engine and the FSDP trainer on the device, with the tiny model
   shipped in `eddyrl/assets`;
+- `varlen`: packed training's variable-length attention, where the platform has one (group
+  `engines`);
 - `runner`: the checks by name and group, each run isolated (`run_checks`).
 
 It uses `eddyrl.hal` and never the other way round: the HAL does not know it exists.

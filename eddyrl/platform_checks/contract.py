@@ -69,6 +69,9 @@ def check_memory(platform: Platform) -> str:
     before = platform.memory_info()
     assert 0 < before.free <= before.total, \
         f"memory_info(): free = {before.free} is not in (0, total = {before.total}]"
+    planned = platform.device_memory_bytes(0)  # what `eddy plan` compares against
+    assert 0 < planned <= platform.properties(0).total_memory, \
+        f"device_memory_bytes(0) = {planned} is not in (0, properties(0).total_memory]"
     block = torch.ones(BLOCK_BYTES // 4, device=device_of(platform))
     platform.synchronize()
     during = platform.memory_info()

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Literal
 from ..errors import EddyError
 from ..hal import Platform, get_platform
 from ..hal import distributed as hd
-from . import collectives, contract, engines
+from . import collectives, contract, engines, varlen
 from .common import CheckSkipped
 
 GROUPS = ("platform", "collectives", "engines")
@@ -74,6 +74,7 @@ CHECKS: dict[str, Check] = _registry(
     ("hf_sleep_wake", "engines", engines.check_hf_sleep_wake),
     ("fsdp_train_step", "engines", engines.check_fsdp_train_step),
     ("fsdp_weights_to_hf", "engines", engines.check_fsdp_weights_to_hf),
+    ("varlen_attention", "engines", varlen.check_varlen_attention),
 )
 
 

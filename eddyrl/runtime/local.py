@@ -52,11 +52,9 @@ class LocalRuntime(InProcessRuntime):
         return await asyncio.to_thread(self.trainer.train, batch)
 
     async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
-        bucket_bytes = self.config.train.bucket_mb << 20
-
         def export() -> list[dict[str, Any]]:
             return [{name: tensor.detach().clone() for name, tensor in bucket.items()}
-                    for bucket in self.trainer.engine.export_weights(bucket_bytes)]
+                    for bucket in self.trainer.weight_buckets()]
 
         buckets = await asyncio.to_thread(export)
         for index, engine in enumerate(self.workers):

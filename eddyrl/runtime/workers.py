@@ -7,13 +7,13 @@ import asyncio
 import os
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import torch
 
 from ..protocol import GenerationRequest, GenerationResult, TrainBatch
 from ..core.losses import make_policy_loss
-from ..engines.registry import load_engine_class
+from ..engines.registry import LOW_RANK_RECEIVERS, load_engine_class
 from ..engines.training.replica import GradientReplica
 from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_channel
 from ..hal.rendezvous import TcpStoreServer, make_store
@@ -61,7 +61,8 @@ class RolloutWorker:
         self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
                                  max_batch_size=worker_batch_size(
                                      config.routing, index, config.rollout.max_batch_size),
-                                 partial_rollout=config.window.partial_rollout)
+                                 partial_rollout=config.window.partial_rollout,
+                                 **config.rollout_engine_options())
         self.channel: WeightChannel | None = None
         self.engine_receives = False  # the engine takes the weights off the broadcast itself
 
@@ -161,9 +162,7 @@ class RolloutWorker:
         self.replica = await asyncio.to_thread(
             GradientReplica, self.model_path, self.platform,
             temperature=_sampling_temperature(self.config),
-            micro_batch_size=self.config.train.micro_batch_size,
-            share_prompts=self.config.train.share_prompts,
-            max_packed_tokens=self.config.train.max_packed_tokens)
+            **self.config.train.forward_options())
 
     def replica_version(self) -> int:
         return -1 if self.replica is None else self.replica.version
@@ -269,12 +268,10 @@ class TrainerRank:
 
         def build(**optimizer):
             return engine_cls(self.model_path, self.platform, rank=rank, world_size=world,
-                              init_method=rendezvous, micro_batch_size=train.micro_batch_size,
-                              seed=config.seed, temperature=temperature,
-                              local=config.cluster.address is None,
-                              timeout_s=config.cluster.timeout_s,
-                              share_prompts=train.share_prompts,
-                              max_packed_tokens=train.max_packed_tokens, **optimizer)
+                              init_method=rendezvous, seed=config.seed,
+                              temperature=temperature, local=config.cluster.address is None,
+                              timeout_s=config.cluster.timeout_s, **train.engine_options(),
+                              **optimizer)
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
                             grad_clip=train.grad_clip)
@@ -290,7 +287,21 @@ class TrainerRank:
         `replica_results`: Ray references to joined replicas' (gradients, metric sums) for this
         step, awaited only after this rank's own backward passes (elastic pool)."""
         with self.platform.profile_range("eddy.train.step"):
-            return self._train(batch, replica_results, replica_tokens)
+            metrics = self._train(batch, replica_results, replica_tokens)
+        # what each weight sync sends, and its share of the whole model's bytes (LoRA: the
+        # adapter's factors to an engine that merges them, docs/engines.md)
+        sent = self.engine.export_bytes(low_rank=self._low_rank_sync)
+        return {**metrics, "sync_bytes": float(sent),
+                "sync_fraction": sent / self.engine.full_sync_bytes}
+
+    @property
+    def _low_rank_sync(self) -> bool:
+        return self.config.rollout.engine in LOW_RANK_RECEIVERS
+
+    def weight_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The engine's weight export in the form this run's rollout engine takes."""
+        return self.engine.export_weights(self.config.train.bucket_mb << 20,
+                                          low_rank=self._low_rank_sync)
 
     def _train(self, batch: TrainBatch, replica_results: list | None,
                replica_tokens: int) -> dict[str, float]:
@@ -355,9 +366,8 @@ class TrainerRank:
 
     def describe_weights(self) -> list[WeightBucketSpec]:
         """Host channels: the buckets themselves (rank 0); collective: after `send_weights`."""
-        bucket_bytes = self.config.train.bucket_mb * 2**20
         with self.platform.profile_range("eddy.weights.export"):
-            buckets = list(self.engine.export_weights(bucket_bytes))  # collective on all ranks
+            buckets = list(self.weight_buckets())  # collective on all ranks
         if self.rank != 0 or self.channel is None:
             return []
         self._outgoing = buckets

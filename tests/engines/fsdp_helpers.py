@@ -11,7 +11,7 @@ from eddyrl.protocol import TrainBatch
 # ROWS: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
 # differ, so normalising per rank or per micro-batch instead of globally changes the result.
 __all__ = ["LENGTH", "ROWS", "assert_takes_the_plain_step", "hf_logprobs", "make_batch",
-           "save_tiny_model"]
+           "plain_logprobs", "save_tiny_model"]
 
 
 def save_tiny_model(path: str, seed: int = 0) -> str:
@@ -35,6 +35,17 @@ def hf_logprobs(model_path: str, input_ids: torch.Tensor, attention_mask: torch.
     out = torch.zeros(input_ids.shape)
     out[:, 1:] = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return out
+
+
+def plain_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The straightforward row-layout forward, with gradients: the whole [B, L, vocab] logits,
+    their fp32 log-softmax at `temperature`, a gather; position 0 and padding 0. What the
+    engines' chunked head (engines/training/logprob.py) is pinned to."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    token_logp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(token_logp, (1, 0)) * attention_mask
 
 
 def make_batch(model_path: str, seed: int = 0) -> TrainBatch:
@@ -61,10 +72,8 @@ def assert_takes_the_plain_step(model_path: str, batch: TrainBatch, loss_fn, met
     Loss, gradient norm and pre-update log-probs agree to float summation order (1e-5)."""
     from transformers import AutoModelForCausalLM
 
-    from eddyrl.engines.training.packing import token_logprobs
-
     plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    want = token_logprobs(plain, batch.input_ids, batch.attention_mask, 1.0)
+    want = plain_logprobs(plain, batch.input_ids, batch.attention_mask, 1.0)
     loss, _ = loss_fn(want, batch, batch.num_tokens())
     loss.backward()
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()

@@ -12,13 +12,12 @@ import random
 
 import pytest
 import torch
-from fsdp_helpers import assert_takes_the_plain_step, save_tiny_model
+from fsdp_helpers import assert_takes_the_plain_step, plain_logprobs, save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.engines.registry import load_engine_class
-from eddyrl.engines.training.packing import (micro_batches, micro_logprobs, place_rows,
-                                             token_logprobs)
+from eddyrl.engines.training.packing import micro_batches, micro_logprobs, place_rows
 from eddyrl.hal import get_platform
 from eddyrl.protocol import TrainBatch
 
@@ -73,7 +72,7 @@ def test_packed_log_probs_and_gradients_are_the_row_layouts(model_dir, attention
     size, bound = rng.randrange(1, 12), rng.choice([4, 16, 8192])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                  attn_implementation=attention)
-    want = token_logprobs(model, batch.input_ids, batch.attention_mask, 0.9)
+    want = plain_logprobs(model, batch.input_ids, batch.attention_mask, 0.9)
     weights = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(seed))
     (want * weights * batch.attention_mask).sum().backward()
     want_grads = _grads(model)
@@ -84,7 +83,7 @@ def test_packed_log_probs_and_gradients_are_the_row_layouts(model_dir, attention
     assert sorted(i for m in parts for i in m.rows.tolist()) == list(range(len(batch)))
     for micro in parts:
         assert len(micro.rows) <= size
-        logprobs = micro_logprobs(model, micro, 0.9)
+        logprobs = micro_logprobs(model, micro, 0.9, chunk_tokens=7).logprobs
         real = micro.batch.attention_mask.bool()
         (logprobs * weights[micro.rows, :logprobs.shape[1]] * real).sum().backward()
         place_rows(got, micro.rows, micro.batch, logprobs.detach())

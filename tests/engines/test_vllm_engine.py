@@ -4,6 +4,8 @@ vLLM is not installed. The contract itself is test_engine_contract.py (both engi
 
 import asyncio
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,6 +101,53 @@ def test_engine_args_leave_out_what_the_installed_vllm_lacks_but_not_what_is_req
                      engine_arg_names=api.engine_arg_names - {"logprobs_mode"})
     with pytest.raises(RuntimeError, match="logprobs_mode"):
         oldest.engine_args(model="m", logprobs_mode="processed_logprobs")
+
+
+@needs_vllm
+def test_the_kv_cache_is_sized_exactly_or_as_a_share_of_the_device():
+    """`rollout.memory_fraction` 0: exactly max_batch_size sequences of the context (vLLM
+    then ignores its utilization); else the share, with no exact size to override it."""
+    from eddyrl.engines.inference.vllm.api import kv_cache_args, kv_cache_bytes_for
+
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 64}
+    assert kv_cache_args(config, 8, 300, 2) == {
+        "kv_cache_memory_bytes": kv_cache_bytes_for(config, 8, 300, 2)}
+    assert kv_cache_bytes_for(config, 8, 300, 2) == 8 * 512 * (2 * 2 * 2 * 16 * 2)
+    assert kv_cache_args(config, 8, 300, 2, memory_fraction=0.85) == {
+        "gpu_memory_utilization": 0.85}
+
+
+@needs_vllm
+def test_vllm_starts_in_the_runs_dtype_and_context(tiny_model_dir, vllm):
+    """`rollout.dtype` bf16 and the run's longest sequence as vLLM's context: its weights and
+    KV cache in bf16, sized for max_batch_size sequences of that length; a longer request is
+    refused; greedy outputs match the float32 engine's on the tiny model."""
+    from eddyrl.engines.inference.vllm.api import kv_cache_bytes_for
+    from eddyrl.engines.inference.vllm.engine import VLLMInferenceEngine
+
+    engine = VLLMInferenceEngine(tiny_model_dir, get_platform("cpu"), seed=3, max_batch_size=4,
+                                 dtype="bfloat16", max_model_len=64)
+    try:
+        config = engine._llm.vllm_config
+        assert config.model_config.max_model_len == engine.max_positions == 64
+        assert config.model_config.dtype == torch.bfloat16
+        model_json = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+        assert config.cache_config.kv_cache_memory_bytes == kv_cache_bytes_for(model_json, 4,
+                                                                               64, 2)
+        requests = _greedy(4, max_new=30)
+        half = asyncio.run(_collect(engine, requests))
+        full = asyncio.run(_collect(vllm, _greedy(4, max_new=30)))
+        by_id = {r.request_id: r for r in full}
+        for result in half:
+            assert result.token_ids == by_id[result.request_id].token_ids
+            assert max(abs(a - b) for a, b in zip(
+                result.logprobs, by_id[result.request_id].logprobs)) < 0.05
+        too_long = GenerationRequest("long", [1] * 40, SamplingParams(max_new_tokens=30))
+        with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+            asyncio.run(_collect(engine, [too_long]))
+    finally:
+        engine.close()
 
 
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed")

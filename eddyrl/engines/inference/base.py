@@ -13,7 +13,7 @@ from ...protocol import EngineStats, GenerationRequest, GenerationResult
 if TYPE_CHECKING:
     import torch
 
-    from ...hal import WeightBucketSpec
+    from ...hal import Platform, WeightBucketSpec
     from .stop_strings import StopStrings
 
 
@@ -33,6 +33,30 @@ class OutputSoFar:
         self.tokens = list(self.request.resume_ids)
         self.logprobs = list(self.request.resume_logprobs)
         self.versions = list(self.request.resume_versions)
+
+
+def engine_dtype(platform: Platform, name: str) -> torch.dtype:
+    """The torch dtype an engine runs in (`rollout.dtype`, by its torch name: float32,
+    bfloat16, float16), refused by key where the platform has no such dtype."""
+    import torch
+
+    from ...errors import ConfigError
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.bfloat16,
+                                                            torch.float16):
+        raise ConfigError(f"config key 'rollout.dtype' = {name!r} is not an engine dtype; "
+                          "allowed: float32, bfloat16, float16 (fp32, bf16, fp16 in the config)")
+    if not platform.supports_dtype(dtype):
+        raise ConfigError(f"config key 'rollout.dtype' = {name!r} is not supported on "
+                          f"platform {platform.name!r}; use fp32")
+    return dtype
+
+
+def longest_request(max_positions: int, max_model_len: int | None) -> int:
+    """The longest request an engine takes: the run's longest sequence when the runtime says
+    it (`max_model_len`), within the model's positions."""
+    return max_positions if max_model_len is None else min(max_positions, max_model_len)
 
 
 def check_request(request: GenerationRequest, max_positions: int) -> None:

@@ -17,6 +17,8 @@ from one version (DORA's C1).
 With `partial_rollout=True` they are applied at the next decode step instead: running
 trajectories continue on the new version, and every token records the version that sampled it.
 Those rules are the version gate's (versions.py); each chunk of a call asks it to start.
+An update may also be LoRA's low-rank factors alone (`train.lora`, engines/low_rank.py): the
+engine merges them onto the weights it had before the first such update.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ...hal import Platform
-from .base import InferenceEngine, OutputSoFar, check_request
+from .base import (InferenceEngine, OutputSoFar, check_request, engine_dtype,
+                   longest_request)
 from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult
 from .kv_cache import buffered_cache
+from .. import low_rank
 from .lean_decode import LeanDecoder
 from .sampling import sample
 from .stop_strings import watcher
@@ -61,18 +65,27 @@ class _Row(OutputSoFar):
 class HFInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
                  max_batch_size: int = 256, version: int = 0,
-                 partial_rollout: bool = False) -> None:
+                 partial_rollout: bool = False, dtype: str = "float32",
+                 max_model_len: int | None = None, memory_fraction: float = 0.0) -> None:
+        """`dtype`: the weights' and KV cache's (`rollout.dtype`); `max_model_len`: the
+        longest request taken (the run's longest sequence); `memory_fraction` must be 0: the
+        KV cache grows with the batch, there is no pool to size."""
+        if memory_fraction:
+            raise ValueError(f"memory_fraction = {memory_fraction}: the hf engine's KV cache "
+                             "grows with the batch; only 0 is allowed")
         self.platform = platform
         self.model_path = model_path
         self.device = platform.device(platform.local_rank())
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+        model = AutoModelForCausalLM.from_pretrained(model_path,
+                                                     dtype=engine_dtype(platform, dtype),
                                                      **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device).eval()
         # decode steps without transformers' per-module Python, where it reproduces them
         lean = LeanDecoder.for_model(self.model)
         self._lean = lean if lean is not None and lean.matches_transformers(self.device) \
             else None
-        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.max_positions = longest_request(
+            int(getattr(self.model.config, "max_position_embeddings", 1 << 30)), max_model_len)
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self._gate = VersionGate(version, partial_rollout=partial_rollout)
@@ -83,6 +96,9 @@ class HFInferenceEngine(InferenceEngine):
         self._busy = 0.0
         self._sleeping = False
         self._staged: dict[str, torch.Tensor] | None = None  # weights of `_gate.staged`
+        # LoRA updates (engines/low_rank.py): each adapted weight as it was before the first
+        # one, on the weights' device; every version merges onto these, never onto the last
+        self._base: dict[str, torch.Tensor] = {}
         self._drained = asyncio.Event()  # set whenever no request is running
         self._drained.set()
 
@@ -272,12 +288,15 @@ class HFInferenceEngine(InferenceEngine):
         targets = self.model.state_dict(keep_vars=True)
         staged: dict[str, torch.Tensor] = {}
         for bucket in buckets:
-            unknown = [name for name in bucket if name not in targets]
+            unknown = [name for name in bucket
+                       if (low_rank.target_of(name) or name) not in targets]
             if unknown:
                 raise KeyError(f"weights {unknown[:3]} do not belong to this model")
             # Kept as delivered: moving device tensors back to the host here would only add a
             # round trip before `_apply_staged` copies them onto the device again.
             staged.update({name: tensor.detach() for name, tensor in bucket.items()})
+        if low_rank.targets(staged):  # a LoRA update: what it does not name keeps its base
+            return staged
         missing = {name for name, t in targets.items() if isinstance(t, torch.nn.Parameter)}
         missing -= staged.keys()
         if missing and not self._tied_only(missing, set(staged)):
@@ -288,9 +307,17 @@ class HFInferenceEngine(InferenceEngine):
         """The only step on the critical path: staging copy -> model weights, between steps."""
         staged = self._staged
         targets = self.model.state_dict(keep_vars=True)
+        adapted = low_rank.targets(staged)
         with self._lock, torch.no_grad(), self.platform.profile_range("eddy.weights.apply"):
             for name, tensor in staged.items():
-                targets[name].data.copy_(tensor.to(self.device))
+                if low_rank.target_of(name) is None:
+                    targets[name].data.copy_(tensor.to(self.device))
+                    self._base.pop(name, None)  # a whole weight is the new base
+            for name in adapted:
+                weight = targets[name].data
+                base = self._base.setdefault(name, weight.clone())
+                weight.copy_(low_rank.merged(base, *(staged[factor] for factor in
+                                                     low_rank.factor_names(name))))
             self._gate.apply()
             self._staged = None
 
@@ -302,6 +329,7 @@ class HFInferenceEngine(InferenceEngine):
     async def sleep(self) -> None:
         with self._lock:
             self.model.to("cpu")
+            self._base = {name: t.to("cpu") for name, t in self._base.items()}
             self._sleeping = True
         self.platform.release_memory()
 
@@ -309,6 +337,7 @@ class HFInferenceEngine(InferenceEngine):
         self.platform.restore_memory()
         with self._lock:
             self.model.to(self.device)
+            self._base = {name: t.to(self.device) for name, t in self._base.items()}
             self._sleeping = False
 
     def configure(self, *, max_batch_size: int | None = None,

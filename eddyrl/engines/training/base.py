@@ -34,14 +34,16 @@ class TrainEngine(abc.ABC):
         step: what `compute_logprobs` gives), so a caller needs no second pass."""
 
     @abc.abstractmethod
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    def export_weights(self, bucket_bytes: int, *, low_rank: bool = False
+                       ) -> Iterator[dict[str, torch.Tensor]]:
         """Full (unsharded) weights in HF names, streamed in buckets of about `bucket_bytes`.
-        Collective; only rank 0 yields tensors."""
+        Collective; only rank 0 yields tensors. `low_rank`: the receiver merges LoRA factors
+        itself (engines/low_rank.py), so an engine training LoRA adapters sends only those."""
 
     @abc.abstractmethod
     def save(self, path: str, *, node_local: bool = False) -> None:
-        """HF safetensors model (plain transformers loads it) + optimizer state, in `path`,
-        which appears whole. `node_local`: `path` is on this node's own disk, not on one every
+        """HF safetensors model (plain transformers loads it; with LoRA, peft's adapter files)
+        + optimizer state, in `path`, which appears whole. `node_local`: `path` is on this node's own disk, not on one every
         rank sees (a cluster without a shared run directory): each rank writes its own files
         there and nothing is renamed; the runtime collects them from the nodes."""
 

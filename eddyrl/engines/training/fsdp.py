@@ -2,7 +2,9 @@
 
 The model is a plain Hugging Face causal LM; parallelism is applied afterwards: `fully_shard` on
 each decoder layer, then on the root (which also holds the embeddings, the final norm and the LM
-head, so tied input/output embeddings stay one parameter in one FSDP group). Everything
+head, so tied input/output embeddings stay one parameter in one FSDP group). The root is the
+model inside `PolicyForward` (logprob.py), whose forward runs the decoder and the chunked
+log-prob head, so the head's weight is used only while the root has it gathered. Everything
 device-specific (process group, mesh, device, seeding, kernels) comes from the `Platform`.
 
 Data-parallel exactness: the loss function divides by the global loss-token count (all-reduced
@@ -31,9 +33,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...errors import ConfigError
+from ..config import LoraConfig
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
+from .attention import attention_implementation
+from . import lora as lora_layers
 from .base import LossFn, TrainEngine
+from .checkpointing import apply_activation_checkpointing, check_checkpointing
+from .offload import (check_offload, fsdp_offload_policy, full_tensor,
+                      keep_optimizer_state_on_host, move_for_colocation)
+from .logprob import PolicyForward, TokenLogProbs
 from .packing import MicroBatch, micro_batches, micro_logprobs, packs_prompts, place_rows
 from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
 
@@ -65,6 +74,11 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def _state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's state dict (tied weights under each name, as a full sync sends)."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
 def _aliases(model: torch.nn.Module) -> dict[str, str]:
     """Tied names -> the name the first owner uses (e.g. lm_head.weight -> embed_tokens)."""
     first_name: dict[int, str] = {}
@@ -81,7 +95,9 @@ class FSDPTrainEngine(TrainEngine):
     `grad_clip`: max global grad norm, None or 0 to only measure it; `param_dtype`: compute
     dtype of the gathered weights (bf16 ...), None for fp32; `temperature`: the sampler's;
     `share_prompts`: rows of one prompt share its forward pass, in packs of at most
-    `max_packed_tokens` (packing.py; where the model's attention takes the packed mask)."""
+    `max_packed_tokens` (packing.py; where the model's attention takes the packed mask);
+    `attention`: auto, mask or varlen (attention.py): varlen packs each micro-batch's rows into
+    one sequence of at most `max_packed_tokens`, with no mask and no prompt sharing."""
 
     def __init__(self, model_path: str, platform: Platform, rank: int, world_size: int,
                  init_method: str, lr: float = 1e-6, weight_decay: float = 0.0,
@@ -89,13 +105,22 @@ class FSDPTrainEngine(TrainEngine):
                  micro_batch_size: int = 8, param_dtype: torch.dtype | str | None = None,
                  seed: int = 0, temperature: float = 1.0, local: bool = True,
                  timeout_s: float = 600.0, share_prompts: bool = True,
-                 max_packed_tokens: int = 8192) -> None:
+                 max_packed_tokens: int = 8192, logprob_chunk_tokens: int = 0,
+                 max_tokens_per_micro_batch: int = 0, attention: str = "auto",
+                 activation_checkpointing: str = "none", offload: str = "none",
+                 lora: "LoraConfig | None" = None) -> None:
         from transformers import AutoModelForCausalLM
 
         if micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size = {micro_batch_size!r}: must be >= 1")
+        check_checkpointing(activation_checkpointing)  # before the group: a refusal leaves none
+        check_offload(offload)
         if temperature <= 0:
             raise ConfigError(f"temperature = {temperature!r}: must be > 0")
+        # attention.py: the platform's variable-length attention (the varlen layout), or None:
+        # transformers' default, which takes the shared-prompt layout's mask
+        implementation = attention_implementation(attention, platform,
+                                                  _resolve_dtype(param_dtype))
         self.model_path, self.platform = model_path, platform
         self.rank, self.world_size = rank, world_size
         self.grad_clip, self.micro_batch_size = grad_clip, micro_batch_size
@@ -109,18 +134,41 @@ class FSDPTrainEngine(TrainEngine):
         self.mesh = platform.device_mesh((world_size,), ("dp",))
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                     attn_implementation=implementation,
                                                      **weights_kwargs(model_path))
         model = platform.apply_model_patches(model)
+        self.full_sync_bytes = _state_bytes(model)  # what a sync of the whole model sends
+        # lora.py: peft's LoRA layers in place of the targeted linears, everything else frozen;
+        # first, so that checkpointing and sharding wrap the layers as they will train
+        self.lora = lora if lora is not None and lora.enabled else None
+        if self.lora is not None:
+            lora_layers.add_adapters(model, self.lora)
         self._aliases = _aliases(model)
         mp_policy = self._mixed_precision(_resolve_dtype(param_dtype))
+        # checkpointing.py / offload.py: recompute in the backward, and what lives on the host
+        apply_activation_checkpointing(model, _decoder_layers(model), activation_checkpointing)
+        self.offload_kind = offload
+        shard = dict(mesh=self.mesh, mp_policy=mp_policy,
+                     offload_policy=fsdp_offload_policy(offload, self.device))
         for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=self.mesh, mp_policy=mp_policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=mp_policy)  # moves shards to the device
+            fully_shard(layer, **shard)
+        # The root is the causal LM with the chunked log-prob head around it (logprob.py), so
+        # the head's weight is gathered, and its gradient reduced, inside the root's forward
+        # and backward; `self.model` stays the causal LM: HF names for saves and exports.
+        self.root = PolicyForward(model)
+        fully_shard(self.root, **shard)  # moves shards to the device (host for offload=all)
         self.model = model
-        self.share_prompts = share_prompts and packs_prompts(model)
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.varlen = implementation is not None
+        self.share_prompts = share_prompts and not self.varlen and packs_prompts(model)
         self.max_packed_tokens = max_packed_tokens
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas),
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch  # 0: by rows only
+        # only what trains: every parameter, or with LoRA the adapter alone
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay)
+        if offload == "optimizer":
+            keep_optimizer_state_on_host(self.optimizer, self.device, platform.synchronize)
 
     def _mixed_precision(self, dtype: torch.dtype | None) -> MixedPrecisionPolicy:
         if dtype is None or dtype == torch.float32:
@@ -138,7 +186,8 @@ class FSDPTrainEngine(TrainEngine):
         to the count of the busiest rank: FSDP forward/backward are collectives, so every rank
         must run the same number. At least one, so that a rank with no rows still takes part."""
         mine = micro_batches(batch, self.micro_batch_size, share_prompts=self.share_prompts,
-                             max_packed_tokens=self.max_packed_tokens)
+                             varlen=self.varlen, max_packed_tokens=self.max_packed_tokens,
+                             max_tokens=self.max_tokens_per_micro_batch)
         count = int(hd.all_reduce(torch.tensor([max(len(mine), 1)]), op="max").item())
         return mine + [MicroBatch(None, self._padding_row(batch))] * (count - len(mine))
 
@@ -152,8 +201,8 @@ class FSDPTrainEngine(TrainEngine):
         row["attention_mask"] = torch.ones_like(row["attention_mask"])
         return TrainBatch(**row).select_columns(1)  # one position: it only keeps FSDP in step
 
-    def _logprobs(self, micro: MicroBatch) -> torch.Tensor:
-        return micro_logprobs(self.model, micro, self.temperature)
+    def _logprobs(self, micro: MicroBatch) -> TokenLogProbs:
+        return micro_logprobs(self.root, micro, self.temperature, self.logprob_chunk_tokens)
 
     # ---- the contract -------------------------------------------------------------------
     @torch.no_grad()
@@ -162,14 +211,14 @@ class FSDPTrainEngine(TrainEngine):
         out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)
         for micro in self._micro_batches(batch):
             with self.platform.profile_range("eddy.train.logprobs"):
-                logprobs = self._logprobs(micro.to(self.device))  # padding runs for the gathers
+                logprobs = self._logprobs(micro.to(self.device)).logprobs  # padding: gathers
             if micro.rows is not None:
                 place_rows(out, micro.rows, micro.batch, logprobs)
         # FSDP2 keeps the root's parameters (embeddings, final norm, LM head) gathered after a
         # forward, expecting a backward to reshard them; with none coming they would stay full
         # size on every rank (for good, on a KL reference engine) and `offload` would move the
         # gathered copies instead of the shards.
-        self.model.reshard()
+        self.root.reshard()
         return out
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, *, extra_tokens: int = 0,
@@ -195,7 +244,7 @@ class FSDPTrainEngine(TrainEngine):
             padding = micro.rows is None
             micro = micro.to(self.device)
             with self.platform.profile_range("eddy.train.forward"):
-                logprobs = self._logprobs(micro)
+                logprobs, entropy = self._logprobs(micro)
                 if logprobs_out is not None and not padding:
                     place_rows(logprobs_out, micro.rows, micro.batch, logprobs.detach())
                 loss, metrics = loss_fn(logprobs, micro.batch, total_tokens)
@@ -206,6 +255,9 @@ class FSDPTrainEngine(TrainEngine):
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens
+            # the policy's entropy (at the sampler's temperature), a mean over loss tokens
+            metric_sums["entropy"] = metric_sums.get("entropy", 0.0) + float(
+                (entropy.detach() * micro.batch.loss_mask).sum())
 
         if external_grads is not None:
             self._add_external_grads(external_grads())
@@ -256,26 +308,47 @@ class FSDPTrainEngine(TrainEngine):
                 # shard without any communication.
                 full = distribute_tensor(full.to(self.device, param.dtype), param.device_mesh,
                                          param.placements, src_data_rank=None)
+                full = full.to(param.device)  # the host, where offload = all keeps gradients
             else:
-                full = full.to(self.device, param.dtype)
+                full = full.to(param.device, param.dtype)
             param.grad = full.clone() if param.grad is None else param.grad + full
 
     @torch.no_grad()
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-        """Every rank must drain the iterator: each tensor is gathered when rank 0 reaches it."""
-        named = self._full_tensors()
+    def export_weights(self, bucket_bytes: int, *, low_rank: bool = False
+                       ) -> Iterator[dict[str, torch.Tensor]]:
+        """Every rank must drain the iterator: each tensor is gathered when rank 0 reaches it.
+        With LoRA, `low_rank` sends only the adapted weights' factors (engines/low_rank.py),
+        for a receiver that merges them itself; else every weight, the adapted ones merged.
+        `export_bytes` says how many bytes that is."""
+        if self.lora is None:
+            named = self._full_tensors()
+        else:
+            named = lora_layers.weight_update(
+                self._full_tensors(lora_layers.is_adapter if low_rank else None),
+                lora_layers.scaling(self.lora), factors=low_rank)
         if self.rank != 0:
             for _ in named:  # still take part in every gather
                 pass
             return
         yield from iter_buckets(named, bucket_bytes)
 
-    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and full tensors, gathered one at a time so only one bucket is resident.
-        A tied weight appears under both names (HF state_dict keys); gathering it twice is the
-        price of not holding it until its alias comes round."""
+    def export_bytes(self, *, low_rank: bool = False) -> int:
+        """The bytes `export_weights(low_rank=...)` sends, from the shapes alone (no gather):
+        LoRA's factors have the adapter's shapes; merged weights are the whole model's."""
+        if self.lora is None or not low_rank:
+            return self.full_sync_bytes
+        return sum(t.numel() * t.element_size() for name, t in self.model.state_dict().items()
+                   if lora_layers.is_adapter(name))
+
+    def _full_tensors(self, include: Callable[[str], bool] | None = None
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF names and full tensors, gathered one at a time so only one bucket is resident
+        (`include`: only the names it accepts, the rest not gathered). A tied weight appears
+        under both names (HF state_dict keys); gathering it twice is the price of not holding
+        it until its alias comes round."""
         for name, tensor in self.model.state_dict().items():
-            yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            if include is None or include(name):
+                yield name, full_tensor(tensor)
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, path: str, *, node_local: bool = False) -> None:
@@ -286,8 +359,11 @@ class FSDPTrainEngine(TrainEngine):
             os.makedirs(staging)
         hd.barrier()
         os.makedirs(staging, exist_ok=True)  # on a node of its own, a rank makes its own
-        full = get_model_state_dict(self.model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))  # collective; rank 0 gets the tensors
+        if self.lora is None:
+            full = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))  # collective; rank 0 gets the tensors
+        else:  # the adapter alone (the base is the model it names): collective too
+            full = {name: t.cpu() for name, t in self._full_tensors(lora_layers.is_adapter)}
         # Before the first step the optimizer has no state; asking for its state dict would
         # create it with step = 1 and change the next update, so record its absence instead.
         has_optim = bool(self.optimizer.state)
@@ -296,12 +372,16 @@ class FSDPTrainEngine(TrainEngine):
                            self.rank)
         save_rng(self.platform, staging, self.rank)  # dropout, sampling: an exact resume
         if self.rank == 0:
-            self.model.save_pretrained(staging, state_dict=full)
+            if self.lora is None:
+                self.model.save_pretrained(staging, state_dict=full)
+            else:  # peft's format: adapter_config.json + adapter_model.safetensors
+                lora_layers.save_adapter(staging, full, self.lora, self.model_path)
             for pattern in TOKENIZER_FILES:
                 for source in glob.glob(os.path.join(self.model_path, pattern)):
                     shutil.copy2(source, staging)
             with open(os.path.join(staging, ENGINE_STATE_FILE), "w") as f:
-                json.dump({"version": self.version, "optimizer_state": has_optim}, f)
+                json.dump({"version": self.version, "optimizer_state": has_optim,
+                           "lora_rank": self.lora.rank if self.lora else 0}, f)
             if not node_local:
                 _replace_dir(staging, final)
         hd.barrier()
@@ -310,20 +390,31 @@ class FSDPTrainEngine(TrainEngine):
         path = os.path.abspath(path)
         with open(os.path.join(path, ENGINE_STATE_FILE)) as f:
             state = json.load(f)
+        self._check_lora_matches(path, state.get("lora_rank", 0))
         full: dict[str, torch.Tensor] = {}
-        if self.rank == 0:  # the others receive it by broadcast
+        if self.rank == 0 and self.lora is not None:  # the adapter; the base is unchanged
+            full = lora_layers.read_adapter(path)
+        elif self.rank == 0:  # the others receive it by broadcast
             for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
                 full.update(load_file(file))
             for alias, owner in self._aliases.items():  # HF drops tied copies on save
                 full.setdefault(alias, full[owner])
         set_model_state_dict(self.model, full, options=StateDictOptions(
-            full_state_dict=True, broadcast_from_rank0=True))
+            full_state_dict=True, broadcast_from_rank0=True, strict=self.lora is None))
         self.optimizer.state.clear()
         if state["optimizer_state"]:
             load_optimizer(self.model, self.optimizer, os.path.join(path, OPTIM_DIR))
         load_rng(self.platform, path, self.rank)
         self.version = int(state["version"])
         hd.barrier()
+
+    def _check_lora_matches(self, path: str, saved_rank: int) -> None:
+        rank = self.lora.rank if self.lora else 0
+        if saved_rank != rank:
+            holds = f"a LoRA adapter of rank {saved_rank}" if saved_rank else "full weights"
+            raise ConfigError(f"checkpoint {path} holds {holds}; this run has "
+                              f"train.lora.rank = {rank}: resume with the setting the "
+                              "checkpoint was trained with")
 
     # ---- memory -------------------------------------------------------------------------
     def offload(self) -> None:
@@ -335,12 +426,8 @@ class FSDPTrainEngine(TrainEngine):
         self._move_to(self.device)
 
     def _move_to(self, device: torch.device) -> None:
-        self.model.to(device)
-        for param_state in self.optimizer.state.values():
-            for key, value in param_state.items():
-                # 0-dim tensors are Adam's step counters, which live on the host by design.
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    param_state[key] = value.to(device, non_blocking=True)
+        # what lives on the host for good (offload.py) stays there
+        move_for_colocation(self.root, self.optimizer, device, self.offload_kind)
         self.platform.synchronize()
 
     def close(self) -> None:

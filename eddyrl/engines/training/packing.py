@@ -19,15 +19,25 @@ The mask is dense: [S, S] per packed sequence. That is what `sdpa` builds for a 
 anyway, but for long responses (thousands of tokens times n samples) a packed sequence's mask
 and attention scores grow with the square of the whole group: `max_packed_tokens` bounds a
 packed sequence, and a prompt group longer than that is split into smaller packs.
+
+Where the platform has a variable-length attention (attention.py chooses, by
+`train.attention`), the varlen layout replaces both: a micro-batch's rows, real tokens only,
+end to end in one sequence of at most `max_packed_tokens`, positions restarting at 0 at each
+row and no mask; the kernel finds the rows from the positions. No padding and nothing [S, S],
+but each row carries its own prompt: a response must see its prompt and not its siblings,
+which independent sequences cannot say. Every layout gives (input_ids, position_ids, a mask or
+None, source), and `source` gathers the log-probs back into the row layout.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ...protocol import TrainBatch
+from .logprob import PolicyForward, TokenLogProbs, as_policy
 
 # the attention implementations of transformers that take a custom 4D mask as given
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
@@ -35,22 +45,28 @@ CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
 
 @dataclass(slots=True)
 class Packed:
-    """The shared-prompt layout of one micro-batch's forward pass."""
+    """A packed layout of one micro-batch's forward pass: the shared-prompt one (a dense mask
+    from `segments`) or the varlen one (`segments` None: no mask, the rows told apart by their
+    positions restarting at 0)."""
 
     input_ids: torch.Tensor  # [U, S] one row per pack: a prompt, then its rows' responses
     position_ids: torch.Tensor  # [U, S] each response continues from its prompt's positions
-    segments: torch.Tensor  # [U, S] 0 the prompt, k the k-th response, -1 padding
+    # [U, S] 0 the prompt, k the k-th response, -1 padding; None: the varlen layout (U = 1)
+    segments: torch.Tensor | None
     source: torch.Tensor  # [b, w] flat index into [U * S] of the logits predicting that token
 
     def to(self, device: torch.device) -> "Packed":
-        return Packed(*(t.to(device) for t in (self.input_ids, self.position_ids,
-                                                self.segments, self.source)))
+        return Packed(*(None if t is None else t.to(device) for t in (
+            self.input_ids, self.position_ids, self.segments, self.source)))
 
-    def attention_mask(self, dtype: torch.dtype | None) -> torch.Tensor:
+    def attention_mask(self, dtype: torch.dtype | None) -> torch.Tensor | None:
         """[U, 1, S, S]: a position sees the earlier positions of its prompt and of its own
         segment. Padding sees only itself (a query that sees nothing gives NaN, and NaN times
-        a zero gradient is still NaN). `dtype` None: bool (sdpa), else additive (eager)."""
+        a zero gradient is still NaN). `dtype` None: bool (sdpa), else additive (eager).
+        None for the varlen layout: the attention reads the rows from `position_ids`."""
         seg = self.segments
+        if seg is None:
+            return None
         size = seg.shape[1]
         causal = torch.ones(size, size, dtype=torch.bool, device=seg.device).tril()
         key, query = seg[:, None, :], seg[:, :, None]
@@ -81,27 +97,65 @@ def row_ends(batch: TrainBatch) -> torch.Tensor:
 
 
 def micro_batches(batch: TrainBatch, size: int, *, share_prompts: bool = False,
-                  max_packed_tokens: int = 8192) -> list[MicroBatch]:
+                  varlen: bool = False, max_packed_tokens: int = 8192,
+                  max_tokens: int = 0) -> list[MicroBatch]:
     """`batch`'s rows in micro-batches of at most `size` rows, rows of like length together,
-    each cut after its longest row's last real token. `share_prompts` (and the batch knows its
+    each cut after its longest row's last real token. `max_tokens` > 0: also at most that many
+    tokens in each micro-batch's forward, padding included (`_fill`); a row longer than that
+    alone. `share_prompts` (and the batch knows its
     rows' prompt lengths): the rows of one prompt stay in one micro-batch, whose forward packs
-    the prompt once (module docstring); a pack holds at most `max_packed_tokens`."""
+    the prompt once (module docstring); a pack holds at most `max_packed_tokens`. `varlen`
+    (instead): each micro-batch's forward is its rows end to end in one sequence of at most
+    `max_packed_tokens` (a longer row alone), with no mask (`_pack_rows`)."""
     if len(batch) == 0:
         return []
     ends = row_ends(batch)
+    pack_bound = min(max_packed_tokens, max_tokens) if max_tokens else max_packed_tokens
+    if varlen:  # its forward runs the rows' real tokens end to end: the pack bound is the budget
+        return _varlen_micro_batches(batch, ends, size, pack_bound)
     if not share_prompts or batch.prompt_lengths is None:
-        order = torch.argsort(ends, stable=True)
-        return [_micro(batch, order[start:start + size], ends)
-                for start in range(0, len(batch), size)]
-    units = _prompt_units(batch, ends, size, max_packed_tokens)
+        order = torch.argsort(ends, stable=True).tolist()
+        groups = _fill([[i] for i in order], [int(ends[i]) for i in order], size, max_tokens)
+        return [_micro(batch, torch.tensor([i for (i,) in group]), ends) for group in groups]
+    units = _prompt_units(batch, ends, size, pack_bound)
     units.sort(key=lambda unit: int(ends[unit].max()))  # like lengths together
-    groups: list[list[list[int]]] = [[]]
-    for unit in units:
-        if groups[-1] and sum(map(len, groups[-1])) + len(unit) > size:
-            groups.append([])
-        groups[-1].append(unit)
+    lengths = [_pack_length(unit, batch.prompt_lengths, ends) for unit in units]
     return [_micro(batch, torch.tensor([i for unit in group for i in unit]), ends,
-                   units=[len(unit) for unit in group]) for group in groups]
+                   units=[len(unit) for unit in group])
+            for group in _fill(units, lengths, size, max_tokens)]
+
+
+def _fill(units: list[list[int]], lengths: list[int], size: int, max_tokens: int
+          ) -> list[list[list[int]]]:
+    """`units` (runs of rows that go together), in order, into consecutive groups of at most
+    `size` rows and, with `max_tokens` > 0, at most `max_tokens` tokens in the forward: a
+    padded layout runs every unit (a row, or a pack) at the longest one's length, so a group
+    costs units x its longest. A unit longer than the budget alone: a row cannot be split
+    under causal attention."""
+    groups: list[list[list[int]]] = []
+    rows = longest = 0
+    for unit, length in zip(units, lengths):
+        if max_tokens and length > max_tokens:
+            warnings.warn(f"train.max_tokens_per_micro_batch = {max_tokens}: a longer row (or "
+                          "pack) runs alone in a micro-batch over the budget; a row cannot be "
+                          "split", RuntimeWarning, stacklevel=3)
+        if groups and (rows + len(unit) <= size and not (
+                max_tokens and (len(groups[-1]) + 1) * max(longest, length) > max_tokens)):
+            groups[-1].append(unit)
+            rows, longest = rows + len(unit), max(longest, length)
+        else:
+            groups.append([unit])
+            rows, longest = len(unit), length
+    return groups
+
+
+def _pack_length(unit: list[int], prompt_lengths: torch.Tensor, ends: torch.Tensor) -> int:
+    """The length of a unit's pack: its prompt once, then each row's response (`_pack`); a
+    unit of one row is that row."""
+    if len(unit) == 1:
+        return int(ends[unit[0]])
+    prompt = int(prompt_lengths[unit[0]])
+    return prompt + sum(int(ends[i]) - prompt for i in unit)
 
 
 def _micro(batch: TrainBatch, rows: torch.Tensor, ends: torch.Tensor, *,
@@ -114,6 +168,49 @@ def _micro(batch: TrainBatch, rows: torch.Tensor, ends: torch.Tensor, *,
     if units is not None and len(units) < len(rows):
         packed = _pack(micro, ends[rows], units)
     return MicroBatch(rows, micro, packed)
+
+
+def _varlen_micro_batches(batch: TrainBatch, ends: torch.Tensor, size: int, max_tokens: int
+                          ) -> list[MicroBatch]:
+    """Rows by length into micro-batches of at most `size` rows and `max_tokens` real tokens,
+    each in the varlen layout."""
+    groups: list[list[int]] = [[]]
+    tokens = 0
+    for i in torch.argsort(ends, stable=True).tolist():
+        n = int(ends[i])
+        if groups[-1] and (len(groups[-1]) == size or tokens + n > max_tokens):
+            groups.append([])
+            tokens = 0
+        groups[-1].append(i)
+        tokens += n
+    out = []
+    for group in groups:
+        rows = torch.tensor(group)
+        micro = _micro(batch, rows, ends)
+        out.append(MicroBatch(rows, micro.batch, _pack_rows(micro.batch, ends[rows])))
+    return out
+
+
+def _pack_rows(micro: TrainBatch, ends: torch.Tensor) -> Packed:
+    """The varlen layout of `micro`'s rows: their real tokens end to end in one sequence
+    [1, T], each row's positions from 0 and no mask, so a variable-length attention (or
+    transformers' mask builder, which reads the same restarts) keeps every row to itself:
+    each token sees exactly what it sees in its own row. A row with no tokens takes no
+    place; a micro-batch of such rows runs one padding position."""
+    lengths = ends.tolist()
+    total = max(sum(lengths), 1)
+    input_ids = torch.zeros(1, total, dtype=torch.long)
+    positions = torch.zeros(1, total, dtype=torch.long)
+    source = torch.full(micro.input_ids.shape, -1, dtype=torch.long)
+    at = 0
+    for i, end in enumerate(lengths):
+        if end == 0:
+            continue
+        input_ids[0, at:at + end] = micro.input_ids[i, :end]
+        positions[0, at:at + end] = torch.arange(end)
+        source[i, 1:end] = at + torch.arange(end - 1)  # token t is predicted at t - 1
+        at += end
+    return Packed(input_ids, positions, None, source)
 
 
 def _prompt_units(batch: TrainBatch, ends: torch.Tensor, size: int, max_tokens: int
@@ -177,39 +274,53 @@ def _pack(micro: TrainBatch, ends: torch.Tensor, units: list[int]) -> Packed:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
-                   attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[B, L] log p(input_ids[t] | input_ids[:t]) at `temperature`; position 0 gets 0. The
-    row layout: the straightforward forward that the packed one is pinned to."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    token_logp = _scaled(logits[:, :-1], temperature).gather(
-        -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(token_logp, (1, 0))
-
-
-def micro_logprobs(model: torch.nn.Module, micro: MicroBatch, temperature: float
+                   attention_mask: torch.Tensor, temperature: float, chunk_tokens: int = 0
                    ) -> torch.Tensor:
-    """[b, w] log-probs of `micro`'s rows in the row layout, whichever layout the forward
-    ran in; the same function for every engine that trains, so a joined replica's gradients
-    are the core ranks' exactly."""
-    rows = micro.batch
+    """[B, L] log p(input_ids[t] | input_ids[:t]) at `temperature`; position 0 and padding
+    get 0. The row layout, through the chunked head (logprob.py)."""
+    return _at_sources(as_policy(model), {"attention_mask": attention_mask}, input_ids,
+                       row_sources(attention_mask), input_ids, temperature,
+                       chunk_tokens).logprobs
+
+
+def micro_logprobs(model: torch.nn.Module, micro: MicroBatch, temperature: float,
+                   chunk_tokens: int = 0) -> TokenLogProbs:
+    """[b, w] log-probs and entropies of `micro`'s rows in the row layout, whichever layout
+    the forward ran in; the same function for every engine that trains, so a joined replica's
+    gradients are the core ranks' exactly. `model`: a `PolicyForward` (what FSDP shards as its
+    root) or a plain causal LM; `chunk_tokens`: tokens per chunk through the LM head (0: all)."""
+    policy, rows = as_policy(model), micro.batch
     if micro.packed is None:
-        return token_logprobs(model, rows.input_ids, rows.attention_mask, temperature)
+        return _at_sources(policy, {"attention_mask": rows.attention_mask}, rows.input_ids,
+                           row_sources(rows.attention_mask), rows.input_ids, temperature,
+                           chunk_tokens)
     packed = micro.packed
-    implementation = getattr(model.config, "_attn_implementation", None)
+    implementation = getattr(policy.model.config, "_attn_implementation", None)
     mask = packed.attention_mask(None if implementation == "sdpa" else torch.float32)
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=mask, use_cache=False).logits
-    logp = _scaled(logits, temperature).flatten(0, 1)  # [U * S, V]
-    source = packed.source
-    values = logp[source.clamp(min=0), rows.input_ids]
-    return torch.where(source >= 0, values, 0.0)
+    return _at_sources(policy, {"attention_mask": mask, "position_ids": packed.position_ids},
+                       packed.input_ids, packed.source, rows.input_ids, temperature,
+                       chunk_tokens)
 
 
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    # Divided by the temperature first, because the sampler reports log-probs of the
-    # temperature-scaled distribution. Simplified: the full fp32 log-softmax; a chunked one
-    # would save memory at large vocabularies.
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+def row_sources(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L]: the flat index into [B * L] of the position predicting each real token (the one
+    before it), -1 for position 0 and padding: the row layout's `Packed.source`."""
+    rows, width = attention_mask.shape
+    index = torch.arange(rows * width, device=attention_mask.device).view(rows, width) - 1
+    index[:, 0] = -1
+    return torch.where(attention_mask.bool(), index, -1)
+
+
+def _at_sources(policy: PolicyForward, inputs: dict, input_ids: torch.Tensor,
+                source: torch.Tensor, targets: torch.Tensor, temperature: float,
+                chunk_tokens: int) -> TokenLogProbs:
+    """Log-probs and entropies of `targets` [b, w] predicted at `source` [b, w] (flat indices
+    into `input_ids`, -1: none, 0 there). Only those positions go through the LM head."""
+    wanted = source >= 0
+    got = policy(input_ids, source[wanted], targets[wanted], temperature, chunk_tokens,
+                 **inputs)
+    return TokenLogProbs(*(torch.zeros(source.shape, dtype=v.dtype, device=v.device)
+                           .index_put((wanted,), v) for v in got))
 
 
 def packs_prompts(model: torch.nn.Module) -> bool:

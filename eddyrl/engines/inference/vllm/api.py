@@ -47,7 +47,8 @@ except ImportError as exc:
         "torchvision / torchaudio / torchcodec it pulls in), '.[vllm]' on NVIDIA GPUs, "
         "'.[ascend]' on Ascend NPUs") from exc
 
-__all__ = ["TokensPrompt", "VLLMApi", "kv_cache_bytes_for", "sampling_params"]
+__all__ = ["TokensPrompt", "VLLMApi", "kv_cache_args", "kv_cache_bytes_for",
+           "sampling_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,22 @@ def kv_cache_bytes_for(config: dict, sequences: int, max_len: int, dtype_bytes: 
     per_token = 2 * config["num_hidden_layers"] * heads * head_dim * dtype_bytes
     block = 256  # vLLM allocates whole blocks (128 tokens on its CPU backend, 16 elsewhere)
     return sequences * -(-max_len // block) * block * per_token
+
+
+def kv_cache_args(config: dict, sequences: int, max_len: int, dtype_bytes: int,
+                  memory_fraction: float = 0.0) -> dict:
+    """vLLM's KV-cache engine arguments (`rollout.memory_fraction`). 0: exactly
+    `kv_cache_bytes_for` (`kv_cache_memory_bytes`, with which vLLM ignores its utilization
+    setting and skips its memory profile). A share of the device: `gpu_memory_utilization`
+    (vLLM's name on every platform; on its CPU backend a share of the host's memory): vLLM
+    takes that share of the device's total memory, weights, one profiled step's activations and
+    its runtime included, and pools the rest for KV blocks that running sequences take as they
+    grow. vLLM refuses to start when the device has less than that share free, or when the
+    pool holds less than one sequence of `max_len` tokens."""
+    if memory_fraction:
+        return {"gpu_memory_utilization": memory_fraction}
+    return {"kv_cache_memory_bytes": kv_cache_bytes_for(config, sequences, max_len,
+                                                        dtype_bytes)}
 
 
 def sampling_params(s: EddySampling, max_tokens: int) -> SamplingParams:

@@ -23,6 +23,10 @@ How the contract maps onto vLLM:
   (stop_strings.py), not by vLLM (whose text would start afresh at every segment): the
   trajectory ends at the completing token and the segment is aborted; the token or two vLLM
   sampled after it are dropped (they were never part of the trajectory).
+- Memory: `rollout.dtype` is vLLM's `dtype`; the run's longest sequence its `max_model_len`
+  (requests past it are refused here, as in `hf`); the KV cache exactly `max_batch_size`
+  sequences of it, or vLLM's pool in `rollout.memory_fraction` of the device (api.py
+  `kv_cache_args`). One device per worker: no tensor parallelism.
 - vLLM's client objects belong to one event loop. The adapter keeps them on a private loop in a
   thread, so callers may use any loop (`asyncio.run` per call, Ray's actor loop) and all engine
   state changes on that one loop.
@@ -42,11 +46,11 @@ import torch
 
 from ....hal import WeightBucketSpec, Platform
 from . import transfer
-from ..base import InferenceEngine, check_request
+from ..base import InferenceEngine, check_request, engine_dtype, longest_request
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
 from ..stop_strings import watcher
 from ..versions import VersionGate, call_version, wait_for_admission
-from .api import TokensPrompt, VLLMApi, kv_cache_bytes_for, sampling_params
+from .api import TokensPrompt, VLLMApi, kv_cache_args, sampling_params
 from .loop import LoopThread, Slots
 from .trajectory import Trajectory
 from .weights import check_complete, check_known, stage_from_host, weight_names
@@ -58,12 +62,19 @@ _END = object()
 class VLLMInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
                  max_batch_size: int = 256, version: int = 0, partial_rollout: bool = False,
-                 dtype: str = "float32", kv_cache_bytes: int | None = None) -> None:
+                 dtype: str = "float32", max_model_len: int | None = None,
+                 memory_fraction: float = 0.0, kv_cache_bytes: int | None = None) -> None:
+        """`dtype`: the weights' and KV cache's (`rollout.dtype`); `max_model_len`: the
+        context vLLM starts with, the run's longest sequence (None: the model's positions);
+        `memory_fraction`: the KV cache's sizing (`api.kv_cache_args`); `kv_cache_bytes`
+        overrides the exact size."""
         self.platform = platform
         self.model_path = model_path
         self.api = VLLMApi.detect(platform)
+        itemsize = engine_dtype(platform, dtype).itemsize
         config = json.loads((Path(model_path) / "config.json").read_text())
-        self.max_positions = int(config.get("max_position_embeddings", 1 << 30))
+        self.max_positions = longest_request(int(config.get("max_position_embeddings", 1 << 30)),
+                                             max_model_len)
         self._weight_names, self._known_names = weight_names(model_path, config)
         self.max_batch_size = max_batch_size
         # versions: hosted, staged in the worker, requests admitted on the hosted version
@@ -92,8 +103,8 @@ class VLLMInferenceEngine(InferenceEngine):
             enforce_eager=True,  # graph capture / compilation would cost more than it saves here
             distributed_executor_backend="uni",  # one worker, inside the engine-core process
             worker_extension_cls="eddyrl.engines.inference.vllm.transfer.WorkerExtension",
-            kv_cache_memory_bytes=kv_cache_bytes or kv_cache_bytes_for(
-                config, max_batch_size, self.max_positions, getattr(torch, dtype).itemsize),
+            **({"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes else kv_cache_args(
+                config, max_batch_size, self.max_positions, itemsize, memory_fraction)),
             enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True)
         self._thread = LoopThread()  # vLLM's client objects are made on the loop they use
         self._llm = self._thread.run(self.api.start(args, platform.inference_engine_env(),
