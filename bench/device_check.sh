@@ -6,7 +6,7 @@
 #
 #     OUT=/tmp/devout bash bench/device_check.sh      (from anywhere; runs in the repo root)
 #
-# $OUT receives at most 10 files: env.log, platform_check.log, platform_check.json, pytest.log,
+# $OUT receives at most 12 files: env.log, memory.log, memory.json, platform_check.log, platform_check.json, pytest.log,
 # pytest.xml, hardware_report.jsonl,
 # device_costs.log, device_costs.json, eval.log, summary.txt. Needs no Ray and no network; if
 # .whl/ holds wheels (omegaconf, where the machine lacks it) they are installed to /tmp/site.
@@ -85,6 +85,9 @@ step pytest pytest.log 300 python3 -m pytest -q -p no:cacheprovider --timeout 15
 
 step device_costs device_costs.log 240 python3 bench/device_costs.py \
     --accelerator "$ACCELERATOR" --out "$OUT/device_costs.json"
+
+# issue 31: the memory plan against the device allocator's peak (rows that fit the device)
+step memory memory.log 240 python3 bench/memory.py --device --json "$OUT/memory.json"
 
 step "eval ($PLATFORM)" eval.log 150 python3 -m eddyrl.cli eval eddyrl/assets/tiny_warmstart \
     data.eval_size=64 "platform=$PLATFORM"
