@@ -30,6 +30,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # process_memory.py beside it
+from process_memory import reset_peak, status_bytes  # noqa: E402
 
 MMAP_THRESHOLD = 64 * 1024
 GIB = 1 << 30
@@ -111,22 +115,12 @@ def measure(args, variant: str, tokens: int) -> dict:
         h.grad = None
 
     step(hidden[:16].detach().requires_grad_(), targets[:16])  # kernels, thread pools
-    baseline = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS now
+    baseline = reset_peak()
     start = time.perf_counter()
     step(hidden, targets)
     seconds = time.perf_counter() - start
-    return {"peak": _status("VmHWM") - baseline, "seconds": seconds}
+    return {"peak": status_bytes("VmHWM") - baseline, "seconds": seconds}
 
-
-def _status(field: str) -> int:
-    """A /proc/self/status field (kB there) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 if __name__ == "__main__":

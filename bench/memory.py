@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # process_memory.py beside it
+from process_memory import reset_peak, status_bytes  # noqa: E402
 
 from eddyrl.engines.config import LORA_TARGETS  # noqa: E402
 from eddyrl.plan.shapes import ModelShape, shape_from_config  # noqa: E402
@@ -119,13 +121,6 @@ def predict(row: Row, device: bool) -> TrainingMemory:
 
 
 # ---- one row, in its own process -------------------------------------------------------------
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
 
 def _batch(tokens: int, vocab: int, seed: int = 0, shared: int = 0):
     """One row of `tokens` random tokens; or (`shared` = n) n rows of one prompt of
@@ -181,10 +176,9 @@ def measure_row(row: Row, model_dir: str, device: bool) -> dict:
         platform.synchronize()
         peak = platform.memory_info().peak_allocated
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM := VmRSS now
+        reset_peak()
         engine.train_step(batch, loss)
-        peak = _status("VmHWM")
+        peak = status_bytes("VmHWM")
     seconds = time.perf_counter() - start
     engine.close()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -241,7 +235,7 @@ def _save_model(config: dict, path: str) -> None:
 
 
 def _held(platform, device: bool) -> int:
-    return platform.memory_info().allocated if device else _status("VmRSS")
+    return platform.memory_info().allocated if device else status_bytes("VmRSS")
 
 
 # ---- the table ------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # process_memory.py beside it
+from process_memory import reset_peak, status_bytes  # noqa: E402
 
 MMAP_THRESHOLD = 64 * 1024
 CHECKPOINTING = ("full", "selective")
@@ -120,14 +122,6 @@ def run_child(args, variant: str, model: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _status(field: str) -> int:
-    """A /proc/self/status field in bytes (VmRSS, VmHWM)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
 
 def run_variant(args) -> dict:
     import torch
@@ -160,13 +154,11 @@ def run_variant(args) -> dict:
         engine.train_step(batch, loss)  # warm-up: AdamW's moments now exist
         times, peaks = [], []
         for _ in range(args.steps):
-            baseline = _status("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # VmHWM := VmRSS now
+            baseline = reset_peak()
             start = time.perf_counter()
             engine.train_step(batch, loss)
             times.append(time.perf_counter() - start)
-            peaks.append(_status("VmHWM") - baseline)
+            peaks.append(status_bytes("VmHWM") - baseline)
         engine.close()
     return {"variant": args.child, **options, "step_s": statistics.median(times),
             "peak_over_baseline_mib": max(peaks) / 2 ** 20,
