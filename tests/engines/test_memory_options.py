@@ -10,13 +10,13 @@ FSDP2's CPU offload policy, the optimizer on the host) but cannot see memory mov
 
 import pytest
 import torch
-from fsdp_helpers import assert_takes_the_plain_step, make_batch, save_tiny_model
+from fsdp_helpers import assert_takes_the_plain_step
+from test_fsdp_engine import _weights, batch, make_engine, model_dir  # noqa: F401 (fixtures)
 from test_packing import grouped_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from eddyrl.core.losses import make_policy_loss
-from eddyrl.engines.registry import load_engine_class
 from eddyrl.engines.training.checkpointing import apply_activation_checkpointing
 from eddyrl.engines.training.packing import micro_batches
 from eddyrl.engines.training.replica import GradientReplica
@@ -24,38 +24,6 @@ from eddyrl.hal import get_platform
 
 LOSS = make_policy_loss(clip_low=0.2, clip_high=0.28, kl_coef=0.05)
 PACKED_LOSS = make_policy_loss(clip_low=0.2, clip_high=0.28)  # the grouped batch has no ref
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(str(tmp_path_factory.mktemp("tiny")))
-
-
-@pytest.fixture(scope="module")
-def batch(model_dir):
-    return make_batch(model_dir)
-
-
-@pytest.fixture
-def make_engine(model_dir, tmp_path):
-    engine_class = load_engine_class("train", "fsdp")
-    opened = []
-
-    def build(**overrides):
-        kwargs = dict(lr=1e-3, micro_batch_size=3, seed=0)
-        kwargs.update(overrides)
-        engine = engine_class(model_dir, get_platform("cpu"), 0, 1,
-                              f"file://{tmp_path}/init{len(opened)}", **kwargs)
-        opened.append(engine)
-        return engine
-
-    yield build
-    for engine in opened:
-        engine.close()
-
-
-def _weights(engine):
-    return {k: v.clone() for bucket in engine.export_weights(1 << 30) for k, v in bucket.items()}
 
 
 def _pinned_step(engine, model_dir, batch, loss):
