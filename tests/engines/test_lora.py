@@ -9,7 +9,8 @@ import os
 
 import pytest
 import torch
-from fsdp_helpers import make_batch, plain_logprobs, save_tiny_model
+from fsdp_helpers import plain_logprobs
+from test_fsdp_engine import batch, model_dir  # noqa: F401 (fixtures)
 
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.engines import low_rank
@@ -26,16 +27,6 @@ LOSS = make_policy_loss(clip_low=0.2, clip_high=0.28, kl_coef=0.05)
 # rank 8 on the attention projections: 3.8 % of the tiny model's bytes per sync
 LORA = LoraConfig(rank=8, alpha=16.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 TOLERANCE = 1e-5  # log-probs: float summation order (a merged weight vs base + B @ A)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(str(tmp_path_factory.mktemp("tiny")))
-
-
-@pytest.fixture(scope="module")
-def batch(model_dir):
-    return make_batch(model_dir)
 
 
 def _engine(model_dir, init, **overrides):
