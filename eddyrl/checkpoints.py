@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -33,6 +34,7 @@ from .validation import check_range
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+RETIRED = "retired"  # under a checkpoints root: what a run moved aside, never deleted
 FORMAT = 1
 _STEP_DIR = re.compile(r"step_(\d+)")
 _CHUNK = 1 << 20
@@ -76,7 +78,9 @@ async def write(root: Path, step: int, fill: Callable[[Path], Awaitable[None]]) 
         await fill(tmp)
         tmp.mkdir(exist_ok=True)
         _write_manifest(tmp, step)
-        replace_dir(tmp, final)
+        if final.exists():  # not this run's to delete (a resume retires newer steps first)
+            _retire(final, root / RETIRED / f"{time.strftime('%Y%m%d-%H%M%S')}-replaced")
+        os.rename(tmp, final)
         _remember_good(final)
     except BaseException:
         # with whatever `fill` staged beside it (a trainer's save stages into `<tmp>.tmp`):
@@ -102,6 +106,13 @@ def verify(path: Path) -> dict:
         raise CheckpointError(f"{where} has no {MANIFEST}: its write did not finish") from None
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"{where}: {MANIFEST} is not a valid manifest") from None
+    named = step_of(path)
+    if named is not None and manifest.get("step") != named:  # a renamed or swapped directory
+        step = manifest.get("step")
+        back = f"; its name is '{step_dir(path.parent, step).name}'" \
+            if isinstance(step, int) else ""
+        raise CheckpointError(f"{where} is named for step {named} but its {MANIFEST} is of "
+                              f"step {step} (renamed?){back}")
     for name, entry in sorted(files.items()):
         file = path / name
         if not file.is_file():
@@ -189,12 +200,14 @@ def retire_after(root: Path, step: int, into: Path) -> list[Path]:
 
 
 def mirror(source: Path, target: Path) -> None:
-    """`target` becomes a copy of `source` made of hard links (no second copy of the weights
-    on disk; a plain copy where links are not possible), replaced atomically."""
+    """`target` becomes a copy of `source`, replaced atomically. A copy, not hard links: a
+    user who saves into `target` (`save_pretrained` truncates and rewrites a file in place)
+    must not change the checkpoint it mirrors. The copy goes through the kernel
+    (`copy_file_range`), which shares the blocks on file systems that can (XFS, btrfs)."""
     target = Path(target)
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp, copy_function=_link_or_copy)
+    shutil.copytree(source, tmp, copy_function=_copy)
     replace_dir(tmp, target)
 
 
@@ -281,8 +294,29 @@ def _fsync(directory: Path) -> None:
         os.close(fd)
 
 
-def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
+def _copy(source: str, target: str) -> None:
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        try:
+            copied = 0
+            while copied < size:
+                done = os.copy_file_range(src.fileno(), dst.fileno(), size - copied)
+                if done == 0:
+                    break
+                copied += done
+        except OSError:  # not supported across these file systems: a plain copy
+            copied = 0
+        if copied < size:
+            src.seek(0)
+            dst.seek(0)
+            dst.truncate()
+            shutil.copyfileobj(src, dst, _CHUNK)
+    shutil.copystat(source, target)
+
+
+def _retire(path: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / path.name
+    os.rename(path, target)
+    log.warning(f"'{path}' already existed; it was moved to '{target}', not deleted")
+    return target

@@ -23,7 +23,7 @@ from .envs.hosting import EnvHost, host_environments
 from .plan.check import check_memory
 from .preflight import preflight
 from .protocol import SamplingParams
-from .run_dir import RunDirectory
+from .run_dir import RunDirectory, write_atomic
 from .errors import ConfigError
 from .hal import get_platform
 from .observability.sinks import open_sinks
@@ -229,7 +229,7 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
     stack.callback(base_runtime.shutdown)
     where = _where_actors_are(base_runtime)
     if where:  # written at once (a run that ends early still tells); the summary repeats it
-        (run_dir / "placement.json").write_text(json.dumps(where, indent=2))
+        write_atomic(run_dir / "placement.json", json.dumps(where, indent=2))
     if config.observe.trace:  # every worker's activity -> trace.json; RayRuntime's clock is
         # time.monotonic, so `started` puts the trace on the same time axis as wall_s
         runtime = TracingRuntime(runtime, Trace(), config.train.num_workers, origin=started)

@@ -33,8 +33,8 @@ from typing import Any, Awaitable, Callable
 
 from . import checkpoints
 from .core import run_state
-from .errors import ConfigError
-from .run_dir import holds_run
+from .errors import ConfigError, EddyError
+from .run_dir import holds_run, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,10 @@ def begin(point: ResumePoint, run_dir: Path) -> Path | None:
     `checkpoints/retired/<time>-after-step_N/` (named in a warning, nothing deleted), and
     `metrics.jsonl` is cut back to the checkpoint's step. Returns the folder, if any."""
     run_dir = Path(run_dir)
-    retired = run_dir / CHECKPOINTS / "retired" / (
+    retired = run_dir / CHECKPOINTS / checkpoints.RETIRED / (
         f"{datetime.datetime.now():%Y%m%d-%H%M%S}-after-step_{point.step:06d}")
     moved = checkpoints.retire_after(run_dir / CHECKPOINTS, point.step, retired)
+    moved += _retire_other_branch(point, run_dir / CHECKPOINTS, retired)
     final = run_dir / FINAL
     final_step = _final_step(final)
     if final_step is not None and final_step > point.step:
@@ -132,6 +133,30 @@ def begin(point: ResumePoint, run_dir: Path) -> Path | None:
                 f"the branch it abandons ({', '.join(p.name for p in moved)}) and their metrics "
                 f"were moved to '{retired}'")
     return retired
+
+
+def _retire_other_branch(point: ResumePoint, root: Path, into: Path) -> list[Path]:
+    """A resume from a checkpoint outside `root` (a retired one, another run's): the step
+    directories in `root` up to its step whose history is not a beginning of its history
+    belong to another branch; they are moved into `into` too, so that a later fallback can
+    never go on from them. One whose run state does not read is left for `latest` to skip."""
+    if point.path.parent.resolve() == root.resolve():
+        return []  # in `root` already: the older ones are its own past (`begin` retires newer)
+    history = point.state.meta["history"]
+    moved = []
+    for path in sorted(root.glob("step_*")):
+        step = checkpoints.step_of(path)
+        if step is None or step > point.step or not path.is_dir():
+            continue
+        try:
+            older = run_state.read(path).meta["history"]
+        except (EddyError, OSError):
+            continue
+        if older != history[:len(older)]:
+            into.mkdir(parents=True, exist_ok=True)
+            os.rename(path, into / path.name)
+            moved.append(into / path.name)
+    return moved
 
 
 def _final_step(final: Path) -> int | None:
@@ -182,30 +207,45 @@ async def save_final(controller, save_trainer: SaveTrainer | None, run_dir: Path
 
 
 def restart_metrics(path: Path, point: ResumePoint, keep_dropped: Path | None = None) -> int:
-    """`metrics.jsonl` as of the checkpoint: lines of later steps (the resumed run takes them
-    again) and a line cut short by a crash are dropped (into `keep_dropped/metrics.jsonl` when
-    given); a run directory without the file gets the checkpoint's history. Returns the lines
-    dropped."""
+    """`metrics.jsonl` as of the checkpoint: one line per step of the checkpoint's own history.
+    A line of a later step (the resumed run takes it again), a line cut short by a crash, and
+    a line that disagrees with the checkpoint's history (another branch's step: a resume from
+    a retired checkpoint) are dropped (into `keep_dropped/metrics.jsonl` when given), and a
+    step the file lacks is written from the history. Returns the lines dropped."""
     path = Path(path)
-    kept: list[str] = []
+    history = {m["step"]: m for m in point.state.meta["history"]
+               if isinstance(m, dict) and isinstance(m.get("step"), int)
+               and m["step"] <= point.step}
+    found: dict[int, str] = {}
     dropped: list[str] = []
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 step = _step_of_line(line)
-                (kept if step is not None and step <= point.step else dropped).append(line)
-    else:
-        kept = [json.dumps(m, sort_keys=True) for m in point.state.meta["history"]]
+                if step in history and step not in found and _agrees(line, history[step]):
+                    found[step] = line
+                else:
+                    dropped.append(line)
+    kept = [found.get(step) or json.dumps(history[step], sort_keys=True)
+            for step in sorted(history)]
     if dropped and keep_dropped is not None:
         keep_dropped.mkdir(parents=True, exist_ok=True)
         (keep_dropped / path.name).write_text("".join(line + "\n" for line in dropped))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
     if dropped:
-        log.warning(f"{path}: dropped {len(dropped)} line(s) of steps after the checkpoint's "
-                    f"step {point.step}; the resumed run takes those steps again")
+        log.warning(f"{path}: dropped {len(dropped)} line(s) that are not the checkpoint's "
+                    f"history up to step {point.step}; the resumed run takes later steps again")
     return len(dropped)
+
+
+def _agrees(line: str, logged: dict) -> bool:
+    """A metrics line is the step `logged` recorded (the line adds only its wall_s)."""
+    try:
+        metrics = json.loads(line)
+    except ValueError:
+        return False
+    metrics.pop("wall_s", None)
+    return json.dumps(metrics, sort_keys=True) == json.dumps(logged, sort_keys=True)
 
 
 def summary(point: ResumePoint | None, requeued: list[str]) -> dict[str, Any]:

@@ -1,18 +1,30 @@
-"""The run directory as one run's own: checked usable, locked for the run's lifetime, and
-written only through here once every check has passed.
+"""The run directory as one run's own: checked usable and Eddy's, locked for the run's
+lifetime, and written only through here once every check has passed.
 
 - Usable: a path that is a file, lies inside a file, is too long, or cannot be written (a
   read-only file system, no permission) is refused in one line naming the path and the cause,
   before anything starts.
-- Locked: `<run_dir>/.eddy.lock` holds a POSIX record lock (`fcntl.lockf`) for as long as the
-  run's process lives, so two runs on one directory cannot both run; the second is refused
-  naming the first's PID. The kernel drops the lock with the process however it ends (SIGKILL
-  included), and a record lock is not inherited by forked children (user-code workers), so a
-  dead run never blocks the next. The file keeps the holder's PID while the lock is held and is
-  emptied on a clean release: a PID found there with the lock free names a run that died
-  (a stale lock), said in a warning, and the lock is taken over.
-- Holds a run: `metrics.jsonl` with at least one step's line. An empty one (a run that failed
-  while starting up) does not block a rerun.
+- Eddy's: a directory that is not empty is used only if an Eddy run made it (it has Eddy's
+  `.eddy.lock`, or a `metrics.jsonl` with a step from a run older than the lock file). Anything
+  else (a project folder, a copy of some other tool's output) is refused naming what is in
+  it: a run deletes and replaces what it writes (`data/`, `checkpoint/`, old checkpoints), so
+  it must only ever find its own files there. Names Eddy does not write are never touched.
+- No links: a symbolic link anywhere in the run directory is refused by name before anything
+  is written (Eddy would otherwise write, truncate or delete through it, outside the
+  directory), and the files Eddy writes are opened without following one (`O_NOFOLLOW`), so a
+  link made after the check is refused too.
+- Locked: the directory itself holds an exclusive `flock` for as long as the run's process
+  lives, so two runs on one directory cannot both run; the second is refused naming the
+  first's PID. The lock is on the directory, not on a name in it: deleting `.eddy.lock` during
+  a run does not let a second run in. The kernel drops it with the process however it ends
+  (SIGKILL included); a child forked from the run closes its inherited descriptor at once
+  (`os.register_at_fork`), so it cannot keep the lock after the run ends. `.eddy.lock` keeps
+  the holder's PID while the lock is held and is emptied on a clean release: a PID found there
+  with the lock free names a run that died (a stale lock), said in a warning, and the lock is
+  taken over.
+- Holds a run: `metrics.jsonl` with at least one step's line, or a step checkpoint under
+  `checkpoints/` (a copied run whose metrics were moved away still holds a run). An empty
+  metrics file (a run that failed while starting up) does not block a rerun.
 - Staged writes: what a run generates before its checks are done (the built-in task's data)
   is written under `.staging/` and installed with one rename after them, so a refused run
   leaves the directory as it found it.
@@ -36,60 +48,77 @@ log = logging.getLogger(__name__)
 LOCK = ".eddy.lock"
 METRICS = "metrics.jsonl"
 STAGING = ".staging"
+CHECKPOINTS = "checkpoints"
 _HELD: set[Path] = set()  # run directories this process has claimed
+_LOCKED_FDS: set[int] = set()  # descriptors holding a directory's flock, for `_after_fork`
+_SHOWN = 5  # entries named in a refusal
+
+
+def _after_fork() -> None:
+    """In a forked child: close the inherited descriptors of the run directories' locks. A
+    flock belongs to the open file description, which a fork shares: a child that outlived
+    the run (a user-code worker) would otherwise keep the directory locked."""
+    for fd in _LOCKED_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCKED_FDS.clear()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class RunDirectory:
     """One run's hold on its directory: `claim` it, `release` it (or use it as a context
     manager); between the two, no other run can claim it."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, dir_fd: int, lock_fd: int) -> None:
         self.path = path
-        self._fd: int | None = fd
+        self._dir_fd: int | None = dir_fd
+        self._fd: int | None = lock_fd
         _HELD.add(path.resolve())
 
     @classmethod
     def claim(cls, path: Path | str) -> RunDirectory:
         path = Path(path)
         _make(path)
-        if path.resolve() in _HELD:  # record locks never conflict within one process
+        if path.resolve() in _HELD:  # a process's own second claim: refused by name
             raise ConfigError(f"run_dir '{path}' is in use by another run of this process; "
                               "choose another run_dir")
-        lock = path / LOCK
+        dir_fd = _lock_directory(path)
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise _unusable(path, exc) from None
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EACCES, errno.EAGAIN):
-                raise _unusable(path, exc) from None
-            raise ConfigError(f"run_dir '{path}' is in use by another run "
-                              f"({_describe(_holder(lock))}); wait for it to end, or choose "
-                              "another run_dir") from None
-        # read through `fd`: closing any other descriptor of the file would drop the lock
-        stale = _parse_holder(os.pread(fd, 4096, 0))
+            check_owned(path)  # read-only: a refusal leaves no lock file behind
+            lock_fd = _open_lock_file(path)
+        except BaseException:
+            _unlock(dir_fd)
+            raise
+        stale = _parse_holder(os.pread(lock_fd, 4096, 0))
         if stale:
             log.warning(f"run_dir '{path}': the run that held it ({_describe(stale)}) ended "
                         "without releasing it (killed?); taking it over")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
-        return cls(path, fd)
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(),
+                  0)
+        return cls(path, dir_fd, lock_fd)
 
     def release(self) -> None:
         """Let the directory go; anything staged and not installed (a refused or failed
         start) goes with it."""
         if self._fd is None:
             return
-        shutil.rmtree(self.path / STAGING, ignore_errors=True)
+        staging = self.path / STAGING
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging, ignore_errors=True)
         try:  # emptied first: a holder's PID left in the file means it died holding it
             os.ftruncate(self._fd, 0)
         except OSError:
             pass
-        os.close(self._fd)  # closing the descriptor drops the record lock
+        os.close(self._fd)
         self._fd = None
+        _unlock(self._dir_fd)  # closing the directory's descriptor drops the lock
+        self._dir_fd = None
         _HELD.discard(self.path.resolve())
 
     def __enter__(self) -> RunDirectory:
@@ -100,7 +129,7 @@ class RunDirectory:
 
     # -- what is in it -------------------------------------------------------------------------
     def holds_run(self) -> bool:
-        """A run has logged at least one step here."""
+        """A run has logged a step or written a checkpoint here."""
         return holds_run(self.path)
 
     def staging(self, name: str) -> Path:
@@ -133,15 +162,91 @@ class RunDirectory:
 
     def write_text(self, name: str, text: str) -> Path:
         """`name` replaced atomically (a crash leaves the old file or the new one)."""
-        final = self.path / name
-        tmp = final.with_name(f".{final.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, final)
-        return final
+        return write_atomic(self.path / name, text)
+
+
+def write_atomic(final: Path, text: str | bytes) -> Path:
+    """`final` replaced atomically by `text` through `.<name>.tmp`, neither followed if it is
+    a symbolic link: a link at either name is refused by name (the rename would replace a
+    link at `final` rather than write through it, but a link there was not Eddy's to drop)."""
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.tmp")
+    for name in (final, tmp):
+        if name.is_symlink():
+            raise ConfigError(f"'{name}' is a symbolic link; Eddy does not write through "
+                              "links in a run directory: remove it")
+    try:  # left by a crash between the write and the rename: Eddy's own, a regular file
+        tmp.unlink()
+    except FileNotFoundError:
+        pass
+    data = text.encode() if isinstance(text, str) else text
+    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, final)
+    return final
+
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` that refuses a symbolic link at `path` by name (ELOOP) instead of writing
+    through it."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"'{path}' is a symbolic link; Eddy does not write through "
+                              "links in a run directory: remove it") from None
+        raise
 
 
 def holds_run(path: Path) -> bool:
-    metrics = Path(path) / METRICS
+    """A run has logged a step (metrics.jsonl) or written a step checkpoint here."""
+    return _logged_a_step(Path(path) / METRICS) or bool(_step_checkpoints(Path(path)))
+
+
+def check_owned(path: Path) -> None:
+    """Refuse a run directory that is not empty and not an Eddy run's, or that holds a
+    symbolic link, naming what is there; reads only."""
+    path = Path(path)
+    entries = sorted(p.name for p in path.iterdir())
+    if entries and not (path / LOCK).exists() and not _logged_a_step(path / METRICS):
+        shown = ", ".join(_entry(path / name) for name in entries[:_SHOWN])
+        more = f" and {len(entries) - _SHOWN} more" if len(entries) > _SHOWN else ""
+        raise ConfigError(
+            f"run_dir '{path}' is not empty and is not an Eddy run directory (it has no "
+            f"{LOCK}): it holds {shown}{more}. A run replaces and deletes what it writes there"
+            " (data/, checkpoint/, checkpoints/): choose a new or empty directory")
+    links = _links(path)
+    if links:
+        shown = ", ".join(f"'{link.relative_to(path)}' -> '{os.readlink(link)}'"
+                          for link in links[:_SHOWN])
+        more = f" and {len(links) - _SHOWN} more" if len(links) > _SHOWN else ""
+        raise ConfigError(
+            f"run_dir '{path}' holds symbolic links: {shown}{more}. Eddy does not write, "
+            "truncate or delete through links in a run directory: remove them (to put a run "
+            "on another disk, point run_dir there)")
+
+
+def _entry(path: Path) -> str:
+    return f"'{path.name}/'" if path.is_dir() and not path.is_symlink() else f"'{path.name}'"
+
+
+def _links(path: Path) -> list[Path]:
+    """The symbolic links under `path`, none followed."""
+    found = []
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in sorted(dirs + files):
+            entry = Path(root) / name
+            if entry.is_symlink():
+                found.append(entry)
+    return found
+
+
+def _logged_a_step(metrics: Path) -> bool:
     if not metrics.is_file():
         return False
     with open(metrics, encoding="utf-8", errors="replace") as f:
@@ -152,6 +257,49 @@ def holds_run(path: Path) -> bool:
             except (ValueError, TypeError):
                 continue
     return False
+
+
+def _step_checkpoints(path: Path) -> list[Path]:
+    from .checkpoints import step_of
+
+    root = path / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and step_of(p) is not None)
+
+
+def _lock_directory(path: Path) -> int:
+    """An exclusive flock on the directory itself (held through the returned descriptor); a
+    second holder is refused naming the first from `.eddy.lock`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _unusable(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise _unusable(path, exc) from None
+        raise ConfigError(f"run_dir '{path}' is in use by another run "
+                          f"({_describe(_holder(path / LOCK))}); wait for it to end, or "
+                          "choose another run_dir") from None
+    _LOCKED_FDS.add(fd)
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is None:
+        return
+    _LOCKED_FDS.discard(fd)
+    os.close(fd)
+
+
+def _open_lock_file(path: Path) -> int:
+    try:
+        return open_no_follow(path / LOCK, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise _unusable(path, exc) from None
 
 
 def _make(path: Path) -> None:
@@ -184,9 +332,13 @@ def _unusable(path: Path, exc: OSError) -> ConfigError:
 
 def _holder(lock: Path) -> dict | None:
     try:
-        return _parse_holder(lock.read_bytes())
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return _parse_holder(os.read(fd, 4096))
+    finally:
+        os.close(fd)
 
 
 def _parse_holder(data: bytes) -> dict | None:
@@ -199,7 +351,7 @@ def _parse_holder(data: bytes) -> dict | None:
 
 def _describe(holder: dict | None) -> str:
     if not holder:
-        return "its PID is not recorded yet"
+        return "its PID is not recorded"
     started = holder.get("started")
     when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(started)) \
         if isinstance(started, (int, float)) else ""

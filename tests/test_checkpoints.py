@@ -81,11 +81,15 @@ def test_a_failure_mid_write_leaves_no_partial_checkpoint(tmp_path):
     assert checkpoints.latest(tmp_path) == (tmp_path / "step_000001", [])
 
 
-def test_rewriting_a_step_replaces_it_whole(tmp_path):
+def test_rewriting_a_step_replaces_it_whole_and_moves_the_old_one_aside(tmp_path):
+    """Issue 32: a step directory already there is not the writer's to delete (before: it
+    was deleted); it goes under retired/, the new one is written whole."""
     _write(tmp_path, 2, {"a": b"old", "sub/b": b"old"})
     _write(tmp_path, 2, {"a": b"new"})
     assert sorted(checkpoints.verify(tmp_path / "step_000002")["files"]) == ["a"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.RETIRED, "step_000002"]
+    (old,) = (tmp_path / checkpoints.RETIRED).glob("*-replaced/step_000002")
+    assert sorted(checkpoints.verify(old)["files"]) == ["a", "sub/b"]
 
 
 def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
@@ -99,15 +103,20 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
                                                           "step_000011"]
 
 
-def test_mirror_is_hard_links_replaced_atomically(tmp_path):
+def test_mirror_is_a_copy_replaced_atomically(tmp_path):
+    """Issue 32: `save_pretrained` into `<run_dir>/checkpoint` rewrites its files in place;
+    before, they were hard links to the last step checkpoint, which it corrupted."""
     source = _write(tmp_path / "checkpoints", 1)
     target = tmp_path / "checkpoint"
     target.mkdir()
     (target / "stale").write_text("from an earlier run")
     checkpoints.mirror(source, target)
     assert not (target / "stale").exists()
-    assert os.path.samefile(target / "model.safetensors", source / "model.safetensors")
+    assert not os.path.samefile(target / "model.safetensors", source / "model.safetensors")
     checkpoints.verify(target)  # the manifest goes with it
+    with open(target / "model.safetensors", "r+b") as f:  # written in place, as a save does
+        f.write(b"overwritten")
+    checkpoints.verify(source)  # the step checkpoint is untouched
 
 
 def test_config_section_is_validated_by_key():
@@ -138,7 +147,8 @@ def test_metrics_after_the_checkpoint_are_dropped(tmp_path):
     from eddyrl import resume
     from eddyrl.core.run_state import RunState
 
-    point = resume.ResumePoint(tmp_path, RunState({"step": 2, "history": [{"step": 0}]}, {}, {}))
+    point = resume.ResumePoint(tmp_path, RunState(
+        {"step": 2, "history": [{"step": s} for s in range(3)]}, {}, {}))
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)) + '{"step": 5')
     assert resume.restart_metrics(metrics, point) == 3  # steps 3, 4 and the cut-off line
@@ -146,4 +156,4 @@ def test_metrics_after_the_checkpoint_are_dropped(tmp_path):
     fresh = tmp_path / "new" / "metrics.jsonl"
     fresh.parent.mkdir()
     resume.restart_metrics(fresh, point)  # a new run_dir gets the checkpoint's history
-    assert fresh.read_text() == '{"step": 0}\n'
+    assert fresh.read_text() == '{"step": 0}\n{"step": 1}\n{"step": 2}\n'

@@ -6,7 +6,10 @@ seconds since the run started."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Callable
+
+from ..run_dir import write_atomic
 
 
 class Trace:
@@ -94,15 +97,21 @@ class Trace:
         names += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                    "args": {"name": name}} for (pid, tid), name in sorted(self.threads.items())]
         extra = {} if self.duration_s is None else {"otherData": {"duration_s": self.duration_s}}
-        with open(path, "w") as f:
-            json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms", **extra}, f)
+        # atomic and never through a link: a failed write (a full disk) keeps the last trace
+        write_atomic(Path(path), json.dumps({"traceEvents": names + self.events,
+                                             "displayTimeUnit": "ms", **extra}))
 
     @classmethod
     def load(cls, path: str) -> "Trace":
         """A trace `write` wrote (roles are matched by process name, so a trace from another
         writer that names its processes the same reads too)."""
         with open(path) as f:
-            data = json.load(f)
+            return cls.from_json(json.load(f))
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Trace":
+        """A trace from a trace file's parsed JSON (`report.trace_problem` says what is wrong
+        with one that is not a trace)."""
         events = data["traceEvents"] if isinstance(data, dict) else data
         trace = cls()
         pids = {e["pid"]: e["args"]["name"] for e in events

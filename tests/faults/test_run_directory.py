@@ -290,6 +290,7 @@ def test_an_empty_metrics_file_from_a_failed_start_does_not_block_a_rerun(
     from eddyrl.config import load_config
 
     (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / LOCK).write_text("")  # a failed start claimed the directory first
 
     class Reached(Exception):
         pass
