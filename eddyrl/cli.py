@@ -85,6 +85,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from . import stopping
     from .config import load_config
     from .launch import resolve_run_dir, train
     from .ui import TrainProgress, console
@@ -99,22 +100,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
         finished.append(metrics["step"])
         progress.update(metrics)
 
-    try:
-        with TrainProgress(config.loop.steps) as progress:
+    try:  # every runtime: SIGTERM and SIGHUP stop the run as Ctrl-C does (`stopping.py`)
+        with stopping.signals_stop_the_run(), TrainProgress(config.loop.steps) as progress:
             summary_path = train(config, on_step=on_step)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`stopping.py`): the run has shut down
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: the run has shut down
         return _stopped(config, max(finished, default=0))
-    except (WorkerCallError, WorkerLost) as exc:  # a worker's process (or node) lost mid-run
-        import logging
-
-        # the run's tasks cut short report themselves destroyed as the interpreter exits,
-        # after the error line: expected, as for a stop
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        raise WorkerCallError(f"{exc}; {_how_to_go_on(config)}") from None
+    except BaseException as exc:  # a full disk, a worker's process (or node) lost: one line
+        _raise_as_one_line(exc, config)
+        raise
     summary = json.loads(summary_path.read_text())
     if summary.get("resumed_from"):
         console.print(f"resumed from {summary['resumed_from']} (step {summary['resumed_step']}, "
                       f"{summary['requeued_groups']} groups generated again)", highlight=False)
+    if summary.get("reward_errors"):  # each scored 0: a reward that always fails trains nothing
+        console.print(f"reward errors: {summary['reward_errors']} samples scored 0 (the first: "
+                      f"{summary.get('reward_first_error', 'before a resume')})",
+                      highlight=False, markup=False)
     console.print(f"held-out accuracy: {summary['initial_eval_accuracy']:.3f} -> "
                   f"{summary['final_eval_accuracy']:.3f} in {summary['wall_seconds']:.0f} s "
                   f"({summary['steps']} steps)", highlight=False)
@@ -122,9 +123,27 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _raise_as_one_line(exc: BaseException, config) -> None:
+    """Raise an error that ended the run early as the CLI's one line, with how to go on: a full
+    disk (however wrapped: `disk_full.py`), a lost worker; else return (a traceback)."""
+    import logging
+
+    from . import disk_full
+
+    full = disk_full.find(exc)
+    if full is None and not isinstance(exc, (WorkerCallError, WorkerLost)):
+        return
+    # the run's tasks cut short report themselves destroyed as the interpreter exits, after
+    # the error line: expected, as for a stop
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if full is not None:
+        raise EddyError(f"{full.line(config.run_dir)}; {_how_to_go_on(config)}") from None
+    raise WorkerCallError(f"{exc}; {_how_to_go_on(config)}") from None
+
+
 def _stopped(config, step: int) -> int:
     """One line for a run stopped by a signal: where, and how to go on; the exit status a
-    shell gives a process that signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+    shell gives a process that signal ended (130 for Ctrl-C, 143 for SIGTERM, 129 SIGHUP)."""
     import logging
 
     from . import stopping
@@ -138,21 +157,10 @@ def _stopped(config, step: int) -> int:
 
 
 def _how_to_go_on(config) -> str:
-    """After a run ended early: the resume command, from the newest checkpoint on disk."""
-    from pathlib import Path
+    """After a run ended early: what to do, checked against what resume=auto would do."""
+    from .resume_advice import how_to_go_on
 
-    from .checkpoints import step_of
-    from .resume import CHECKPOINTS
-
-    root = Path(config.run_dir) / CHECKPOINTS
-    saved = sorted(s for s in map(step_of, root.iterdir()) if s is not None) \
-        if root.is_dir() else []
-    if saved:
-        return (f"resume with resume=auto run_dir={config.run_dir} (its newest checkpoint is "
-                f"step {saved[-1]})")
-    return ("no checkpoint was written yet" + (" (checkpoint.every=0 writes one at the end "
-            "only)" if not config.checkpoint.every else "") + ", so resume=auto has nothing "
-            "to go on from; set checkpoint.every=N to make a run resumable")
+    return how_to_go_on(config.run_dir, config.checkpoint.every)
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
@@ -326,7 +334,7 @@ examples:
 
 every key and its value: eddy config show [CONFIG] [KEY=VALUE ...]
   (a mode's settings: eddy config show modes/<name>)
-Ctrl-C or SIGTERM stops a run and says how to resume it (exit status 130 / 143).
+Ctrl-C, SIGTERM or SIGHUP stops a run and says how to resume it (exit status 130 / 143 / 129).
 """
 
 

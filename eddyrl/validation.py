@@ -93,6 +93,28 @@ def check_range(key: str, value: float, lo: float | None = None, hi: float | Non
                           f"{left}, {right}")
 
 
+# The lowest sampling temperature above 0 (greedy). Sampler and trainer divide fp32 logits by
+# it: at 1e-45 every logit is inf, the softmax NaN, and sampling raised. vLLM raises any
+# temperature below 0.01 to 0.01 (its sampling_params._MAX_TEMP, with a log line), which
+# would leave the trainer dividing by another temperature than the sampler's; at 0.01 a logit
+# overflows fp32 only past 3e36, and the trainer's gradients grow at most 100-fold.
+MIN_TEMPERATURE = 0.01
+
+
+def check_temperature(key: str, value: float, *, greedy: str | None = None) -> None:
+    """`value` is 0 or at least `MIN_TEMPERATURE`; `greedy`: why 0 is refused here (None:
+    0 means greedy and is allowed)."""
+    check_range(key, value, 0)
+    if value == 0 and greedy is not None:
+        raise ConfigError(f"config key {key!r} = {value!r}: {greedy}")
+    if 0 < value < MIN_TEMPERATURE:
+        raise ConfigError(
+            f"config key {key!r} = {value!r} is below {MIN_TEMPERATURE}, the lowest sampling "
+            "temperature: logits divided by it overflow (inf, then NaN probabilities), and "
+            f"vLLM raises it to {MIN_TEMPERATURE}, away from what the trainer divides by; use "
+            + ("" if greedy is not None else "0 for greedy or ") + f"at least {MIN_TEMPERATURE}")
+
+
 def check_positive(key: str, value: float) -> None:
     check_range(key, value, 0, None, lo_open=True)
 

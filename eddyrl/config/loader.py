@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..validation import check_choice, did_you_mean
 from .bundled_configs import resolve_config
 from .schema import EddyConfig
+from .yaml_aliases import AliasBoundedLoader, AliasExpansionError
 
 
 def _schema(schema: type = EddyConfig) -> DictConfig:
@@ -138,9 +139,10 @@ def _merge(base: DictConfig, tree: dict, source: str) -> DictConfig:
         raise ConfigError(f"config key {key!r} in {source}: {reason}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(AliasBoundedLoader):
     """`yaml.safe_load`, refusing a key given twice in one mapping: YAML does not allow it,
-    and PyYAML would silently keep the last value."""
+    and PyYAML would silently keep the last value; and a document whose aliases expand it
+    too far (`yaml_aliases.py`)."""
 
     def construct_mapping(self, node, deep=False):
         lines: dict[str, int] = {}
@@ -189,6 +191,8 @@ def read_yaml(path: str | Path) -> dict:
     text = _yaml_text(path, data)
     try:
         tree = yaml.load(text, Loader=_UniqueKeyLoader)
+    except AliasExpansionError as exc:
+        raise ConfigError(f"config file '{path}' is refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -211,7 +215,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict:
             raise ConfigError(f"override {item!r} is not of the form key=value "
                               "(e.g. platform=cpu or rollout.engine=hf)")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = yaml.load(raw, Loader=AliasBoundedLoader) if raw != "" else ""
+        except AliasExpansionError as exc:
+            raise ConfigError(f"override {key!r} is refused: {exc.message(key)}") from None
         except yaml.YAMLError:
             value = raw
         node = tree

@@ -11,6 +11,7 @@ from ..core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from ..core.replay import ReplayConfig
 from ..engines.config import RolloutConfig, TrainConfig, check_platform_name
 from ..envs.config import EnvConfig
+from ..errors import ConfigError
 from ..models.config import ModelConfig
 from ..observability.config import ObserveConfig
 from ..preflight import PreflightConfig
@@ -20,7 +21,13 @@ from ..scheduler.routing_config import RoutingConfig
 from ..scheduler.elastic import ElasticConfig
 from ..tasks.config import DataConfig
 from ..usercode.config import UserCodeConfig
-from ..validation import check_finite_fields, check_range, contradiction
+from ..validation import check_finite_fields, contradiction
+
+# The largest seed. Rollout worker i's engine is seeded with seed * 1000 + i
+# (runtime/workers.py), and vLLM seeds numpy's legacy generator with it, which takes
+# [0, 2^32 - 1] only (torch takes [-2^63, 2^64 - 1], `random` any integer): so seed * 1000 + 999
+# must stay below 2^32.
+MAX_SEED = (2 ** 32 - 1000) // 1000
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,7 +65,11 @@ class EddyConfig:
         without its model: `eddy config show`, `eddy plan`); a run's start always checks it."""
         check_finite_fields(self)  # every float of the tree, before any range check
         check_platform_name("platform", self.platform)
-        check_range("seed", self.seed, 0)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(
+                f"config key 'seed' = {self.seed} is out of range; allowed: [0, {MAX_SEED}] "
+                "(each rollout worker's engine is seeded with seed * 1000 + its index, and "
+                "numpy, which vLLM seeds with it, takes seeds below 2^32 only)")
         for f in fields(self):
             section = getattr(self, f.name)
             if section is self.model:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..validation import check_choice, check_range, contradiction, inf_allowed
+from ..validation import check_choice, check_range, check_temperature, contradiction, inf_allowed
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,7 +51,7 @@ class LoopConfig:
         check_range(f"{prefix}.steps", self.steps, 0)
         check_range(f"{prefix}.batch_prompts", self.batch_prompts, 1)
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
-        check_range(f"{prefix}.eval_temperature", self.eval_temperature, 0)
+        check_temperature(f"{prefix}.eval_temperature", self.eval_temperature)  # 0: greedy
         check_range(f"{prefix}.max_seconds", self.max_seconds, 0, allow_inf=True)
 
 

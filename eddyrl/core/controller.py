@@ -139,6 +139,8 @@ class Controller:
                 "tokens_generated": sum(m.get("gen_tokens", 0) for m in self.history),
                 "replayed_samples": sum(m.get("replay_samples", 0) for m in self.history),
                 "reward_errors": self.reward.errors,
+                **({"reward_first_error": self.reward.first_error}
+                   if getattr(self.reward, "first_error", None) else {}),
                 "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,

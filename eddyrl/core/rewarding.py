@@ -39,7 +39,9 @@ class SafeReward:
     finite real number (text such as "1.0" and None included: `_check`), a call longer than
     `timeout_s` (`data.reward_timeout_s`; None: no limit) or, in a process pool, a worker
     that dies under it gives reward 0; the error is recorded on the sample and counted
-    (`errors`, and `reasons` by why: error, timeout, lost), and the run goes on. A
+    (`errors`, and `reasons` by why: error, timeout, lost), and the run goes on. The first
+    failure of each kind is logged as a warning when it happens, its text kept (`first_error`,
+    in the run's summary and end line): a reward that always fails is not silent. A
     KeyboardInterrupt is raised on: it stops the run."""
 
     fn: RewardFn
@@ -51,6 +53,9 @@ class SafeReward:
     reasons: Counter = field(default_factory=Counter)
     # the types of non-number rewards warned about (one warning each)
     _warned_types: set[str] = field(default_factory=set, init=False, repr=False)
+    # the first failure's text, and the kinds (`reasons`) already warned about
+    first_error: str | None = field(default=None, init=False)
+    _warned_reasons: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __call__(self, response: str, answer: str) -> tuple[float, str | None]:
         """Score on this thread (never the pool's)."""
@@ -108,7 +113,7 @@ class SafeReward:
                             "counted in reward_errors (a reward must be an int, float, bool or "
                             "numpy number)", kind, value)
             shown = "None" if value is None else f"{kind} {value!r:.60}"
-            return self._fail(f"reward function returned {shown}, not a number")
+            return self._fail(f"reward function returned {shown}, not a number", warn=False)
         try:
             value = float(value)  # type: ignore[arg-type]
         except Exception as exc:  # a tensor of many values...
@@ -120,9 +125,17 @@ class SafeReward:
     def _too_long(self) -> str:
         return f"reward function took longer than data.reward_timeout_s={self.timeout_s}s"
 
-    def _fail(self, message: str, reason: str = "error") -> tuple[float, None | str]:
+    def _fail(self, message: str, reason: str = "error", warn: bool = True
+              ) -> tuple[float, None | str]:
+        """Score 0 and count it; the first failure of its kind is also a warning (`warn`
+        False: the caller has given a better one)."""
         self.errors += 1
         self.reasons[reason] += 1
+        self.first_error = self.first_error or message
+        if warn and reason not in self._warned_reasons:
+            self._warned_reasons.add(reason)
+            log.warning("reward function failed: %s; the sample scored 0 and is counted in "
+                        "reward_errors (warned once: later failures are only counted)", message)
         self.last_errors = (self.last_errors + [message])[-5:]
         return 0.0, message
 

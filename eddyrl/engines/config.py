@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from ..errors import ConfigError
-from ..validation import check_choice, check_positive, check_range
+from ..validation import check_choice, check_positive, check_range, check_temperature
 
 
 WeightChannelKind = Literal["auto", "collective", "object_store", "host"]
@@ -64,7 +64,12 @@ class RolloutConfig:
                 f"config key '{prefix}.n_samples' = 1 trains nothing: a response's advantage is "
                 "its reward minus the mean of its prompt's group (GRPO, Dr. GRPO), so in a "
                 "group of one it is always 0; sample at least 2 responses per prompt")
-        check_range(f"{prefix}.temperature", self.temperature, 0)
+        check_temperature(
+            f"{prefix}.temperature", self.temperature,
+            greedy="greedy sampling trains nothing: every response of a prompt's group is "
+                   "the same text with the same reward, so every advantage is 0; use a "
+                   "temperature > 0 (1.0 is usual; greedy held-out evaluation is "
+                   "loop.eval_temperature = 0)")
         check_range(f"{prefix}.top_p", self.top_p, 0, 1, lo_open=True)
         check_range(f"{prefix}.top_k", self.top_k, 0)
         check_range(f"{prefix}.max_new_tokens", self.max_new_tokens, 1)

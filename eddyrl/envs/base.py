@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from ..errors import ConfigError
 from ..protocol import TOOL_STATUSES, ToolState
+from ..token_bytes import max_token_bytes
 
 DEFAULT_PAYLOAD_BYTES = (1024, 16384)  # RoutingConfig.payload_bytes: medium from, large from
 # Why an episode ended (Observation.ended_by).
@@ -113,6 +114,9 @@ class Environment(abc.ABC):
     # Strings that end a model turn so that the environment can answer (a tool call's closing
     # tag). The caller stops generation on them (`stop_conditions`).
     stop_strings: tuple[str, ...] = ()
+    # max_token_bytes of the tokenizer, read once an observation is long (a class default, so
+    # that a subclass's own __init__ need not set it)
+    _token_bytes: int | None = None
 
     @abc.abstractmethod
     async def respond(self, action: Action) -> Reply:
@@ -134,8 +138,7 @@ class Environment(abc.ABC):
                                            self.limits.step_timeout_s)
             _check_reply(reply)
             tool = self._tool_info(reply, self.clock() - start)
-            ids = () if reply.done else \
-                tuple(self.tokenizer.encode(reply.text, add_special_tokens=False))
+            ids = () if reply.done else self._observation_ids(reply.text)
         except asyncio.TimeoutError:
             return self._end("timeout", error=f"environment step took longer than "
                              f"env.step_timeout_s={self.limits.step_timeout_s}s")
@@ -149,10 +152,30 @@ class Environment(abc.ABC):
             return self._end("max_turns", tool=tool)
         if action.is_last:
             return self._end("last_turn", tool=tool)
-        if self.observation_tokens + len(ids) > self.limits.max_observation_tokens:
+        if ids is None or \
+                self.observation_tokens + len(ids) > self.limits.max_observation_tokens:
             return self._end("max_observation_tokens", tool=tool)
         self.observation_tokens += len(ids)
         return Observation(token_ids=ids, tool=tool)
+
+    def _observation_ids(self, text: str) -> tuple[int, ...] | None:
+        """`text`'s token ids, or None when it cannot fit in the episode's observation tokens
+        left, told from its bytes without tokenizing it: a token stands for at most
+        `max_token_bytes` bytes of text (its longest vocabulary entry: byte-level BPE and
+        sentencepiece spellings only overstate it), so `room` tokens cover at most room x
+        that many bytes, and a longer text has more tokens than `room`: the same end as
+        tokenizing it whole and counting (which took gigabytes for a megabyte), for every
+        tokenizer that does not shrink text before it splits it (a normalizer that collapses
+        runs of spaces would; prompts assume the same). The tokenizer is never given more than
+        that bound."""
+        room = self.limits.max_observation_tokens - self.observation_tokens
+        if len(text) > room:  # else at most `room` characters: tokenized as they are
+            size = len(text.encode("utf-8", errors="replace"))
+            if self._token_bytes is None:
+                self._token_bytes = max_token_bytes(self.tokenizer)
+            if size > room * self._token_bytes:
+                return None
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def stop_conditions(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """What ends a model turn, for an engine's sampling parameters: each stop string that

@@ -67,10 +67,98 @@ def idle_by_role(trace: Trace) -> dict[str, dict[str, Any]]:
     return out
 
 
+def load_trace(path: Path) -> Trace:
+    """The run's trace.json; an EddyError naming the file and what is wrong with it (empty,
+    not JSON at line and column, not a trace)."""
+    move = "; move it away to plot the metrics alone"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EddyError(f"{path} cannot be read ({exc.strerror or exc}){move}") from None
+    if not data.strip():
+        raise EddyError(f"{path} is empty ({len(data)} bytes): the run wrote no trace into it "
+                        f"(cut short while writing?){move}")
+    try:
+        parsed = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise EddyError(f"{path} is not a text JSON file (byte {exc.start} is not UTF-8)"
+                        f"{move}") from None
+    except json.JSONDecodeError as exc:
+        raise EddyError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}, column "
+                        f"{exc.colno}{move}") from None
+    problem = trace_problem(parsed)
+    if problem:
+        raise EddyError(f"{path} is not a trace of `eddy train`: {problem}{move}")
+    return Trace.from_json(parsed)
+
+
+def trace_problem(data: Any) -> str | None:
+    """What keeps parsed JSON from being a trace as `Trace.write` writes it (Chrome trace
+    events: {"traceEvents": [...]} or the bare list), or None."""
+    if isinstance(data, dict):
+        if "traceEvents" not in data:
+            return f"an object without 'traceEvents' (its keys: {', '.join(list(data)[:5])})"
+        events = data["traceEvents"]
+        other = data.get("otherData", {})
+        if not isinstance(other, dict) or not _number_or_none(other.get("duration_s")):
+            return f"'otherData' is {_shown(other)}, not {{\"duration_s\": <seconds>}}"
+    elif isinstance(data, list):
+        events = data
+    else:
+        return f"it holds {type(data).__name__} {_shown(data)}, not a list of trace events"
+    if not isinstance(events, list):
+        return f"'traceEvents' is {type(events).__name__}, not a list of events"
+    for index, event in enumerate(events):
+        problem = _event_problem(event)
+        if problem:
+            return f"event {index} {problem}"
+    return None
+
+
+def _event_problem(event: Any) -> str | None:
+    if not isinstance(event, dict):
+        return f"is {type(event).__name__} {_shown(event)}, not an object"
+    phase, args = event.get("ph"), event.get("args", {})
+    named = phase == "M" and event.get("name") in ("process_name", "thread_name")
+    if phase != "X" and not named:
+        return None  # a kind of event the report does not read: read past
+    if not isinstance(args, dict):
+        return f"has 'args' {_shown(args)}, not an object"
+    needed = (("pid", "tid", "ts", "dur") if phase == "X" else
+              ("pid", "tid") if event.get("name") == "thread_name" else ("pid",))
+    for key in needed:
+        if key not in event:
+            return f"(ph {phase!r}) has no {key!r}"
+        value = event[key]
+        if isinstance(value, bool) or not isinstance(value, int if key in ("pid", "tid")
+                                                     else (int, float)):
+            return f"has {key!r} = {_shown(value)}, not a number"
+    if phase == "X" and not isinstance(event.get("name"), str):
+        return f"has 'name' = {_shown(event.get('name'))}, not a string"
+    if phase == "X" and not _number_or_none(args.get("busy_s")):
+        return f"has 'busy_s' = {_shown(args['busy_s'])}, not a number"
+    if named and not isinstance(args.get("name"), str):
+        return f"({event['name']}) has no name in its 'args'"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """`value` as JSON, cut to 40 characters: enough to recognise it on one line."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
 def report(run_dir: str | Path) -> dict[str, Any]:
-    """Writes the plots; returns what it wrote and the idle ratios by role."""
+    """Writes the plots; returns what it wrote and the idle ratios by role. A trace.json that
+    cannot be read is refused before anything is written."""
     run_dir = Path(run_dir)
     rows = load_metrics(run_dir)
+    trace_path = run_dir / "trace.json"
+    trace = load_trace(trace_path) if trace_path.is_file() else None
     try:
         import matplotlib
 
@@ -85,9 +173,7 @@ def report(run_dir: str | Path) -> dict[str, Any]:
     written = [_reward_plot(rows, seconds, unit, unit_s, out / "reward.png"),
                _staleness_plot(rows, out / "staleness.png")]
     result: dict[str, Any] = {"run_dir": str(run_dir), "steps": rows[-1].get("step", 0)}
-    trace_path = run_dir / "trace.json"
-    if trace_path.is_file():
-        trace = Trace.load(str(trace_path))
+    if trace is not None:
         idle = idle_by_role(trace)
         if idle:
             written.append(_idle_plot(idle, out / "idle.png"))

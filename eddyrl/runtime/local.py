@@ -40,10 +40,14 @@ class LocalRuntime(InProcessRuntime):
         # the config is loaded (config/schema.py)
         self.config = config
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-", dir=os.path.abspath(work_dir))
-        self.trainer = TrainerRank(config, 0, 1, f"file://{self.rendezvous_dir}/trainer_group",
-                                   model_path)
-        self.rollout = [RolloutWorker(config, index, model_path)
-                        for index in range(config.rollout.num_workers)]
+        try:
+            self.trainer = TrainerRank(config, 0, 1,
+                                       f"file://{self.rendezvous_dir}/trainer_group", model_path)
+            self.rollout = [RolloutWorker(config, index, model_path)
+                            for index in range(config.rollout.num_workers)]
+        except BaseException:  # a failed start, or a stop while loading: no rendezvous left
+            shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
+            raise
         super().__init__([worker.engine for worker in self.rollout])
 
     async def train(self, batch: TrainBatch, replicas: Sequence[int] = ()) -> dict[str, float]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 from ..protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ..core.batching import split_for_ranks
 from ..errors import ConfigError, EddyError, WorkerLost
-from ..stopping import sigterm_as_interrupt
+from ..stopping import stop_signals_as_interrupt
 from .placement import role_platform_name, weight_channel_kind
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
@@ -106,7 +106,7 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         _session = session
     else:
         ray_connect.join(config.cluster.address)
-    sigterm_as_interrupt()  # after ray.init, which sets its own (a stack dump and an abort)
+    stop_signals_as_interrupt()  # again after ray.init, which sets its own (a stack dump, an abort)
     return _session
 
 

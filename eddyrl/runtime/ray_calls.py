@@ -7,10 +7,13 @@ becomes `RayLost`, whatever call was in flight. A mixin of `RayRuntime`, which s
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Awaitable
 
+from .. import disk_full
 from ..errors import RayLost, WorkerCallError
 from .ray_errors import cause_line, plain
 from .ray_session import LocalRaySession
@@ -56,14 +59,19 @@ class RayCalls:
         """A worker's failure in one line, its cause first; a traceback goes to worker_errors.log
         in the run directory, and the line says so."""
         line, text = cause_line(exc), plain(str(exc)).strip()
+        full = disk_full.find(exc)  # however deep it was wrapped (a CheckpointException's)
+        if full is not None and os.strerror(full.code) not in line:
+            line = f"{full} (leading to {line})"
         if "\n" not in text:
             return line
         try:
             with open(self.error_log, "a", encoding="utf-8") as log:
                 log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {who} failed during "
                           f"{what}\n{text}\n")
-        except OSError:  # a full disk, say: the line alone
-            return line
+        except OSError as unwritable:  # a full disk, say (the log is on it): to stderr instead
+            print(f"eddy: {who} failed during {what} ({self.error_log} could not be written: "
+                  f"{unwritable}):\n{text}", file=sys.stderr, flush=True)
+            return f"{line} (traceback above, on stderr)"
         return f"{line} (traceback: {self.error_log})"
 
     # ---- Ray itself lost -------------------------------------------------------------------

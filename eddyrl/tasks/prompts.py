@@ -17,6 +17,7 @@ from ..tasks.builtin import write_builtin_splits
 from ..tasks.config import DataConfig
 from ..tasks.dataset import read_rows
 from ..tasks.formats import row_format
+from ..token_bytes import max_token_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,29 +138,11 @@ def prompt_text(prompt: str | list[dict]) -> str:
     return "\n\n".join(message["content"] for message in prompt)
 
 
-# A token's most bytes when the tokenizer does not list its vocabulary: more than the longest
-# token of common vocabularies (runs of spaces or dashes).
-FALLBACK_TOKEN_BYTES = 256
-
-
 def prompt_bytes(prompt: str | list[dict]) -> int:
     """UTF-8 bytes of a prompt's text (chat messages: their contents)."""
     if isinstance(prompt, str):
         return len(prompt.encode("utf-8", errors="replace"))
     return sum(len(m["content"].encode("utf-8", errors="replace")) for m in prompt)
-
-
-def max_token_bytes(tokenizer) -> int:
-    """An upper bound on the text bytes one token of `tokenizer` stands for: the longest entry
-    of its vocabulary in UTF-8 (byte-level and sentencepiece spellings only overstate it), or
-    FALLBACK_TOKEN_BYTES when it does not list one. So a text of more than n times this many
-    bytes is more than n tokens, told without tokenizing it."""
-    try:
-        vocab = tokenizer.get_vocab()
-        longest = max(len(str(token).encode("utf-8", errors="replace")) for token in vocab)
-    except Exception:  # no vocabulary to read (a stand-in tokenizer): the generous bound
-        return FALLBACK_TOKEN_BYTES
-    return max(longest, 1)
 
 
 def prompt_tail(prompt: str | list[dict], budget: int) -> str | list[dict]:

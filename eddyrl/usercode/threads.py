@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .pool import (CLOSED, OPEN_POOLS, Job, SessionState, UserCodeError, UserCodeTimeout,
                    WorkerPool, describe, invoke, lose_queued, post)
+from .process_state import GUARD
 
 
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
@@ -23,16 +24,18 @@ def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
                                                    ctypes.py_object(exc_type))
 
 
-def _run_sync(fn: Callable, args: tuple) -> Any:
-    """`fn(*args)` on a worker thread; a coroutine function runs on a loop of its own."""
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        loop = asyncio.new_event_loop()
-        try:
-            result = loop.run_until_complete(invoke(lambda: result, ()))
-        finally:
-            loop.close()
-    return result
+def _run_sync(fn: Callable, args: tuple, pool: str) -> Any:
+    """`fn(*args)` on a worker thread; a coroutine function runs on a loop of its own. The
+    process-wide state it changes (torch's default dtype, the umask...) is put back after."""
+    with GUARD.around(fn, pool):
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            loop = asyncio.new_event_loop()
+            try:
+                result = loop.run_until_complete(invoke(lambda: result, ()))
+            finally:
+                loop.close()
+        return result
 
 
 class _Thread:
@@ -57,7 +60,7 @@ class ThreadPool(WorkerPool):
         OPEN_POOLS.add(self)
 
     async def call(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
-        return await self._submit(functools.partial(_run_sync, fn, args), timeout_s)
+        return await self._submit(functools.partial(_run_sync, fn, args, self.name), timeout_s)
 
     def session(self) -> "ThreadSession":
         return ThreadSession(self)
@@ -195,7 +198,9 @@ class ThreadSession:
     def _run(self, fn: Callable, args: tuple) -> Any:  # on a worker thread
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
-        return self.loop.run_until_complete(invoke(fn, (self.state, *args)))
+        owner = fn if self.pool.shared is None else self.pool.shared  # the environment's class
+        with GUARD.around(owner, self.pool.name):
+            return self.loop.run_until_complete(invoke(fn, (self.state, *args)))
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Drop the state and close the session's loop (not one stuck in an abandoned

@@ -147,3 +147,40 @@ def test_numbers_of_every_kind_count():
                          (np.float32(0.25), 0.25), (np.int64(2), 2.0), (np.float64(-1), -1.0),
                          (torch.tensor(0.75), 0.75)]:
         assert SafeReward(lambda r, a: value)("x", "y") == (score, None), value
+
+
+def test_a_reward_that_always_raises_says_so_once_with_its_error(caplog):
+    """Issue 32: `data.reward_fn=os:getcwd` (called with two arguments, it always raises) was
+    silent: accuracy 0 -> 0, the error nowhere. Its first error, type and message, is now a
+    warning when it happens (once: later ones are counted, not logged) and kept for the run's
+    summary and last line."""
+    reward = SafeReward(load_reward_fn("os:getcwd"))
+    with caplog.at_level(logging.WARNING, logger="eddyrl.core.rewarding"):
+        for _ in range(3):
+            assert reward("x", "y")[0] == 0.0
+    error = "TypeError: posix.getcwd() takes no arguments (2 given)"
+    assert reward.errors == 3 and reward.first_error == error
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"reward function failed: {error}; the sample scored 0 and is counted "
+                        "in reward_errors (warned once: later failures are only counted)"]
+
+
+def test_reward_errors_end_the_run_s_output_with_the_first_one(monkeypatch, tmp_path, capsys):
+    """Issue 32: the run's last lines said "held-out accuracy: 0.000 -> 0.000" and nothing of
+    the reward errors counted in its summary; now one line gives their count and the first."""
+    import json
+
+    import eddyrl.launch
+    from eddyrl.cli import main
+
+    def train(config, on_step):  # what a run whose every reward raised leaves in summary.json
+        path = tmp_path / "summary.json"
+        path.write_text(json.dumps({
+            "initial_eval_accuracy": 0.0, "final_eval_accuracy": 0.0, "wall_seconds": 3.0,
+            "steps": 2, "reward_errors": 32, "reward_first_error": "TypeError: boom"}))
+        return path
+
+    monkeypatch.setattr(eddyrl.launch, "train", train)
+    assert main(["train", f"run_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    assert "reward errors: 32 samples scored 0 (the first: TypeError: boom)" in out, out

@@ -111,6 +111,8 @@ def test_reward_errors_are_counted_and_the_run_continues(setup):
     # prompt "add 2 2" is scored 4 times per rollout it appears in, eval included
     assert summary["reward_errors"] >= 1 and controller.reward.errors == summary["reward_errors"]
     assert "grader crashed" in controller.reward.last_errors[-1]
+    # the first one's text reaches the summary (and the CLI's last lines: issue 32)
+    assert summary["reward_first_error"] == "RuntimeError: grader crashed"
 
 
 def _alternating():

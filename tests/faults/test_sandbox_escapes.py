@@ -4,7 +4,8 @@
 - `nohook`: namespaces and seccomp, the audit hook off (as if the code got round it);
 - `bare`: namespaces alone, no hook, no seccomp filter;
 - `userns`: namespaces through a user namespace (the route of a non-root Eddy);
-- `none`: no namespaces: rlimits, seccomp and the hook.
+- `none`: no namespaces: rlimits, seccomp and the hook;
+- `seccomp` (only where named): no namespaces and no hook, the filter alone.
 
 The namespace variants skip, saying why, where the probe finds namespaces unavailable. No test
 reaches beyond this machine's loopback, and none signals anything but processes it started."""
@@ -35,10 +36,12 @@ VARIANTS = {
     "userns": dict(isolation="namespaces", userns=True),
     "none": dict(isolation="none"),
 }
+SECCOMP_ONLY = {"seccomp": dict(isolation="none", audit_hook=False)}  # not in every_variant:
+# without the hook or namespaces, reading files outside is allowed
 
 
 def sandbox(variant, **limits):
-    options = dict(VARIANTS[variant])
+    options = dict({**VARIANTS, **SECCOMP_ONLY}[variant])
     userns = options.pop("userns", False)
     if options.get("isolation") == "namespaces":
         support = getattr(python_tool, "namespace_support", None)  # absent before issue 19
@@ -203,6 +206,89 @@ def test_signalling_the_parent_kills_nothing(variant):
         f"the sandbox's parent ended with {done.returncode}: {done.stdout} {done.stderr[-400:]}"
 
 
+SIGIO_ATTACK = """
+import fcntl, os, struct
+parent = os.getppid()
+attempt("F_SETOWN", lambda: fcntl.fcntl(1, fcntl.F_SETOWN, parent))
+attempt("F_SETOWN_EX", lambda: fcntl.fcntl(1, 15, struct.pack("ii", 1, parent)))  # F_OWNER_PID
+attempt("F_SETSIG", lambda: fcntl.fcntl(1, 10, 9))  # SIGKILL instead of SIGIO
+attempt("FIOSETOWN", lambda: fcntl.ioctl(1, 0x8901, struct.pack("i", parent)))
+attempt("O_ASYNC", lambda: fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL)
+                                       | os.O_ASYNC))
+attempt("FIOASYNC", lambda: fcntl.ioctl(1, 0x5452, struct.pack("i", 1)))
+attempt("kill", lambda: os.kill(parent, 9))
+for _ in range(64):  # each write to the pipe would signal its owner
+    print("x" * 1024, flush=True)
+"""
+
+
+@pytest.mark.parametrize("variant", ["default", "nohook", "none", "seccomp", "fallback"])
+def test_sigio_to_the_driver_kills_nothing(variant):
+    """Defect 4 of issue 32: in `isolation: none` (and `auto` where it falls back to it) code
+    made the driver the owner of its stdout (`fcntl F_SETOWN getppid()`), chose SIGKILL for
+    it (`F_SETSIG 9`), set O_ASYNC and wrote: the driver died with 137. In namespaces the
+    parent is the sandbox's own init. `seccomp` is isolation none with the audit hook off
+    (the filter alone); `fallback` is `auto` where the probe failed."""
+    script = textwrap.dedent(f"""
+        import asyncio, json, logging, sys
+        sys.path[:0] = {sys.path!r}
+        logging.basicConfig()
+        from eddyrl.envs.sandbox import runner
+        from tests.faults.test_sandbox_escapes import SIGIO_ATTACK, TRY, sandbox
+        import pytest
+        variant = {variant!r}
+        if variant == "fallback":
+            runner._SUPPORT[sys.executable] = runner.Support(False, "failed for the test")
+        try:
+            box = sandbox("default" if variant == "fallback" else variant)
+        except pytest.skip.Exception as exc:
+            print("SKIP", exc)
+            raise SystemExit(0)
+        print("MODE", asyncio.run(box.mode()), flush=True)
+        result = asyncio.run(box.run(TRY + SIGIO_ATTACK))
+        print("ALIVE", json.dumps([result.status, result.error]))
+        print(result.stdout, flush=True)
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                              os.path.abspath(__file__)))))
+    if done.stdout.startswith("SKIP"):
+        pytest.skip(done.stdout[5:].strip())
+    assert done.returncode == 0 and "ALIVE" in done.stdout, \
+        f"the sandbox's parent ended with {done.returncode}: {done.stdout[-600:]} " \
+        f"{done.stderr[-400:]}"
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("ok ", "no "))]
+    assert [line.split()[:2] for line in lines] == [
+        ["no", name] for name in ("F_SETOWN", "F_SETOWN_EX", "F_SETSIG", "FIOSETOWN",
+                                  "O_ASYNC", "FIOASYNC", "kill")], done.stdout[:2000]
+    if variant == "fallback":  # said, not silent
+        assert "MODE none" in done.stdout and "fell back to 'none'" in done.stderr, done.stderr
+
+
+def test_without_the_filter_the_sandbox_says_what_is_not_isolated(tmp_path, monkeypatch,
+                                                                   caplog):
+    """Issue 32: where there is no seccomp filter (an architecture without one, simulated
+    with `setarch i686`; or prctl refused), `none` dropped signals, processes and sockets to
+    the audit hook alone, silently."""
+    import shutil
+
+    from eddyrl.envs.sandbox import runner
+
+    if shutil.which("setarch") is None or os.uname().machine != "x86_64":
+        pytest.skip("needs setarch on x86_64 to run the child as i686")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec setarch i686 {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(runner, "_WARNED", set())
+    box = PythonSandbox(SandboxLimits(**LIMITS), str(python), isolation="none")
+    with caplog.at_level("WARNING", logger=runner.__name__):
+        result = asyncio.run(box.run("import os; print(os.uname().machine)"))
+    assert result.stdout == "i686\n", result
+    warned = [r.getMessage() for r in caplog.records if "seccomp filter" in r.getMessage()]
+    assert len(warned) == 1 and "i686" in warned[0] and "isolation 'none'" in warned[0] \
+        and "signal other processes (the training driver included)" in warned[0], warned
+
+
 @every_variant
 def test_another_process_cannot_be_signalled(variant):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -292,15 +378,15 @@ def test_the_code_runs_unprivileged_in_its_own_namespaces(variant):
         result.stdout.splitlines()[0].split()
     assert (caps, perm, bounding) == ("0" * 16,) * 3, result
     assert (no_new_privs, pid, ppid, host) == ("1", "2", "1", "sandbox"), result
-    assert seccomp == ("2" if os.uname().machine == "x86_64" else "0")
+    assert seccomp == ("2" if os.uname().machine in ("x86_64", "aarch64") else "0")
     assert uid == ("65534" if variant != "userns" and os.geteuid() == 0 else str(os.geteuid()))
     if variant == "nohook":  # only this PID namespace's processes
         assert attempts(result) == ["ok proc ['1', '2', 'self', 'thread-self']"], result
 
 
 def test_seccomp_refuses_processes_exec_and_namespaces_without_the_hook():
-    if os.uname().machine != "x86_64":
-        pytest.skip("the seccomp filter is x86_64-only")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the seccomp filter is for x86_64 and aarch64 only")
     result = run("nohook", """
     import ctypes, os
     libc = ctypes.CDLL(None, use_errno=True)

@@ -23,7 +23,9 @@ whatever runs in them was started here, however Ray daemonized it. A watchdog pr
 (`netns_reaper.py`) does the same should the test process die without its finalizers.
 Each gets SIGTERM, then SIGKILL 2 s later (Ray's GCS, raylets and agents outlast a SIGTERM by
 more than 6 s here anyway; nothing of theirs needs a clean exit: /tmp goes with the host).
-Never `ray stop`: it kills every Ray process of the user on the machine.
+Never `ray stop`: it kills every Ray process of the user on the machine. Another copy of the
+suite may run at once: its fixtures have namespaces, a subnet (`subnets.py`) and mounts of
+their own, and teardown waits for a dying process's last thread (`netns_reaper.netns_of`).
 
 Ray runs with token authentication on (RAY_AUTH_MODE=token, one fresh token in a 0600 file that
 both hosts read through RAY_AUTH_TOKEN_PATH), without its dashboard, and its workers at
@@ -52,11 +54,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import secrets
 import selectors
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -66,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import netns_reaper
+from . import netns_reaper, subnets
 
 REAPER = Path(netns_reaper.__file__).resolve()
 VENV_BIN = Path(sys.executable).parent
@@ -74,13 +76,10 @@ RAY = VENV_BIN / "ray"
 SHARED_ROOT = "/dev/shm"  # visible to both hosts and to the test process (a tmpfs)
 HOST_HOME = "/tmp/home"  # per host: nothing falls back to the test process's ~/.ray
 HOST_WORKDIR = "/tmp/work"  # per host: the default working directory of its commands
-# Private /24s tried in this order; the first that overlaps no route or address of the machine
-# is used (the hosts' addresses never leave their namespaces, but a clash would still confuse
-# anyone reading them).
-SUBNETS = ("10.213.71.0/24", "10.213.171.0/24", "172.29.213.0/24", "192.168.213.0/24")
 JSON_MARK = "MULTINODE_JSON "  # the line `RayCluster.driver_json` reads back
 START_TIMEOUT_S = 240.0  # for the whole cluster: `ray start` takes 30-60 s on a busy 2-core VM
 START_ATTEMPTS = 3  # `ray start` of a cluster (RayCluster.start says why more than one)
+UNMOUNT_WAIT_S = 30.0  # how long teardown tries again to unmount a host's busy /tmp (_unmount)
 # Not passed to a host: the test process's own Ray, etc., and the collective libraries'
 # interface variables (tests run in this process set them to loopback: a host's gloo would
 # then listen on its loopback, and its peer on the other host could never connect).
@@ -155,24 +154,6 @@ def _probe() -> str | None:
     if problems:
         return f"the probe's network namespace could not be removed: {problems}"
     return None
-
-
-def free_subnet() -> ipaddress.IPv4Network:
-    """The first of SUBNETS that overlaps no IPv4 route (any table) or address here."""
-    taken = []
-    for argv in (["ip", "-4", "route", "show", "table", "all"], ["ip", "-4", "-o", "addr"]):
-        out = subprocess.run(argv, capture_output=True, text=True).stdout
-        for word in out.split():
-            if word == "default" or not re.fullmatch(r"[0-9.]+(/[0-9]+)?", word):
-                continue
-            try:
-                taken.append(ipaddress.ip_network(word, strict=False))
-            except ValueError:
-                pass
-    for candidate in map(ipaddress.ip_network, SUBNETS):
-        if not any(candidate.overlaps(net) for net in taken):
-            return candidate
-    raise HostError(f"every candidate subnet {SUBNETS} overlaps a route here: {taken}")
 
 
 # ----------------------------------------------------------------------------------- a host
@@ -328,7 +309,9 @@ class Host:
         restore = "".join(f"mkdir -p {shlex.quote(p)} && mount --bind "
                           f"{shlex.quote('/mnt' + p[len('/tmp'):])} {shlex.quote(p)} && "
                           for p in code) + ("umount /mnt && " if code else "")
-        script = (f"{keep}mount -t tmpfs -o {options} eddy-host-{self.label.lower()} /tmp && "
+        # every mount is in this anchor's own namespace, which no other fixture sees; the
+        # tmpfs is named after the host's netns, so its mountinfo line says whose it is
+        script = (f"{keep}mount -t tmpfs -o {options} {self.netns} /tmp && "
                   f"{restore}mkdir -p {self.home} {self.workdir} && "
                   # this private copy of the mount table holds every netns bound under
                   # /run/netns when it was made (other sessions' too): dropped, so that none
@@ -359,12 +342,19 @@ class Host:
         (The mount namespace, and the tmpfs with it, would go with the anchor anyway.)"""
         if self.anchor is None or self.anchor.poll() is not None:
             return None
-        done = subprocess.run(["nsenter", f"--mount=/proc/{self.anchor.pid}/ns/mnt", "--",
-                               "umount", "--recursive", "/tmp"], capture_output=True,
-                              text=True, timeout=60)  # with the code bound back under it
-        if done.returncode != 0:
-            return f"umount of host {self.label}'s /tmp: {done.stderr.strip()}"
-        return None
+        # "target is busy" for a moment after the last process has left the namespace: the
+        # kernel closes an exiting process's files after it has left its namespaces (its last
+        # fput runs as task work, after exit_task_namespaces); so tried again, for a while
+        deadline = time.monotonic() + UNMOUNT_WAIT_S
+        while True:
+            done = subprocess.run(["nsenter", f"--mount=/proc/{self.anchor.pid}/ns/mnt", "--",
+                                   "umount", "--recursive", "/tmp"], capture_output=True,
+                                  text=True, timeout=60)  # with the code bound back under it
+            if done.returncode == 0:
+                return None
+            if "busy" not in done.stderr or time.monotonic() > deadline:
+                return f"umount of host {self.label}'s /tmp: {done.stderr.strip()}"
+            time.sleep(0.2)
 
     def _reap_started(self) -> None:
         for process in [self.anchor, *self._started]:
@@ -403,8 +393,9 @@ def _read_line(stream, timeout: float) -> bytes:
 # --------------------------------------------------------------------------- the two hosts
 
 class TwoHosts:
-    """Hosts A and B joined by one veth pair (A = .1, B = .2 of a free private /24). A context
-    manager; `close()` (idempotent) ends everything and raises if something is left."""
+    """Hosts A and B joined by one veth pair (A = .1, B = .2 of a private /24 that no other
+    fixture on the machine holds: `subnets.py`). A context manager; `close()` (idempotent)
+    ends everything and raises if something is left."""
 
     def __init__(self, *, tmp_size: str | None = None, timeout: float = 120.0) -> None:
         self.tmp_size, self.timeout = tmp_size, timeout
@@ -414,6 +405,8 @@ class TwoHosts:
         self.hosts: list[Host] = []
         self._watchdog: subprocess.Popen | None = None
         self._made: list[str] = []  # the namespaces made so far
+        self.subnet: ipaddress.IPv4Network | None = None
+        self._subnet_claim: socket.socket | None = None  # holds `subnet` (subnets.py)
         self._closed = False
 
     @property
@@ -453,12 +446,15 @@ class TwoHosts:
     def _start(self) -> None:
         self.shared_dir = Path(tempfile.mkdtemp(prefix=f"eddy-multinode-{self.id}-",
                                                 dir=SHARED_ROOT))  # 0700
+        # a subnet no other fixture on the machine holds (another copy of the suite may be
+        # running), held by the watchdog too: until it has deleted the namespaces using it
+        subnet, self._subnet_claim = subnets.claim_free_subnet()
+        self.subnet = subnet
         # the watchdog first: from here on nothing made can outlive the test process
         self._watchdog = subprocess.Popen(
             [sys.executable, "-I", str(REAPER), *self.netns, "--rmtree", str(self.shared_dir)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
-        subnet = free_subnet()
+            start_new_session=True, pass_fds=(self._subnet_claim.fileno(),))
         addresses = [str(subnet.network_address + 1), str(subnet.network_address + 2)]
         for name in self.netns:
             _ip("netns", "add", name)
@@ -556,6 +552,8 @@ class TwoHosts:
         problems += netns_reaper.reap(self._made)
         for host in self.hosts:
             host._reap_started()
+        if self._subnet_claim is not None:
+            self._subnet_claim.close()  # the watchdog's copy goes when it exits
         if self.shared_dir is not None:
             shutil.rmtree(self.shared_dir, ignore_errors=True)
         if self._watchdog is not None:

@@ -6,19 +6,22 @@ Standard library only: `hosts.py` imports it for its own teardown, and runs it a
 cleans up. The fixture holds the pipe's other end, so a test process killed outright (no
 finalizers) still leaves nothing behind; after a normal teardown the watchdog finds nothing.
 
-A process belongs to a host when its network namespace is that host's (the same inode as
-/run/netns/NAME): the namespaces are made by the fixture, with names no one else uses, so
-every process in them was started by it, however Ray daemonized them. Nothing else is killed.
+A process belongs to a host when its network namespace (or, its main thread gone, one of its
+threads') is that host's (the same inode as /run/netns/NAME): the namespaces are made by the
+fixture, with names no one else uses, so every process in them was started by it, however Ray
+daemonized them. Nothing else is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from typing import Iterable, Iterator
 
 NETNS_DIR = "/run/netns"
 
@@ -32,21 +35,53 @@ def netns_id(name: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+@contextlib.contextmanager
+def held(names: Iterable[str]) -> Iterator[list[tuple[int, int]]]:
+    """The ids of these namespaces, each held open (a file descriptor) until the block ends.
+    The kernel gives a freed namespace's inode number to the next namespace made anywhere on
+    the machine (another copy of the suite makes them all the time): an id looked at after
+    its namespace is deleted names that namespace alone only while it is held."""
+    fds: list[int] = []
+    try:
+        for name in names:
+            fds.append(os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC))
+        yield [(info.st_dev, info.st_ino) for info in map(os.fstat, fds)]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def netns_of(pid: int | str) -> set[tuple[int, int]]:
+    """The network namespaces of a process: its main thread's; or, once that thread has
+    exited while others still run, theirs. A multi-threaded process killed ends that way: its
+    main thread can be gone (a zombie, no namespace) while another still closes its files,
+    for seconds on a loaded machine; taken for gone, it kept the host's /tmp busy. Empty for
+    a process that is gone or wholly a zombie."""
+    try:
+        info = os.stat(f"/proc/{pid}/ns/net")
+        return {(info.st_dev, info.st_ino)}
+    except OSError:
+        pass
+    found = set()
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone
+        return found
+    for tid in threads:
+        try:
+            info = os.stat(f"/proc/{pid}/task/{tid}/ns/net")
+        except OSError:  # gone, or exited
+            continue
+        found.add((info.st_dev, info.st_ino))
+    return found
+
+
 def pids_in(ns_id: tuple[int, int] | None) -> set[int]:
-    """The live processes whose network namespace is `ns_id` (zombies have none)."""
+    """The processes with a live thread in network namespace `ns_id` (`netns_of`)."""
     if ns_id is None:
         return set()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            info = os.stat(f"/proc/{entry}/ns/net")
-        except OSError:  # gone, or a zombie
-            continue
-        if (info.st_dev, info.st_ino) == ns_id:
-            found.add(int(entry))
-    return found
+    return {int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and ns_id in netns_of(entry)}
 
 
 def _signal(pid: int, ns_id: set[tuple[int, int]], how: signal.Signals) -> None:
@@ -57,9 +92,8 @@ def _signal(pid: int, ns_id: set[tuple[int, int]], how: signal.Signals) -> None:
     except OSError:  # gone
         return
     try:
-        info = os.stat(f"/proc/{pid}/ns/net")
-        if (info.st_dev, info.st_ino) in ns_id:
-            signal.pidfd_send_signal(fd, how)
+        if netns_of(pid) & ns_id:
+            signal.pidfd_send_signal(fd, how)  # to the whole process, every thread
     except OSError:
         pass
     finally:

@@ -101,8 +101,8 @@ def test_a_run_across_two_hosts_then_host_b_lost_and_the_resume_on_host_a(ray_cl
     last = log.read_text().strip().splitlines()[-1]
     assert rc == 2, log.read_text()[-3000:]
     assert last.startswith("eddy: error: trainer rank 1 failed during "), last
-    assert "resume with resume=auto run_dir=/tmp/work/run (its newest checkpoint is step " \
-        in last, last
+    assert "resume with resume=auto run_dir=/tmp/work/run (its newest good checkpoint is " \
+        "step " in last, last
     newest = int(last.rsplit("step ", 1)[1].rstrip(")"))
     assert 2 <= newest < steps
 

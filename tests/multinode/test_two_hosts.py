@@ -3,6 +3,7 @@ a real two-node Ray cluster across them, with token authentication; torn down to
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -15,8 +16,13 @@ from . import netns_reaper
 from .hosts import JSON_MARK, TwoHosts
 
 
-def _ns_ids(hosts: TwoHosts) -> list[tuple[int, int]]:
-    return [netns_reaper.netns_id(host.netns) for host in hosts.hosts]
+@pytest.fixture
+def held_netns():
+    """`held_netns(hosts)`: the ids of the hosts' network namespaces, each held open until the
+    test ends (`netns_reaper.held`): checked after `close`, they name these namespaces alone,
+    however many namespaces another copy of the suite makes meanwhile."""
+    with contextlib.ExitStack() as stack:
+        yield lambda hosts: stack.enter_context(netns_reaper.held(hosts.netns))
 
 
 def _assert_nothing_left(hosts: TwoHosts, ns_ids, pids: set[int]) -> None:
@@ -34,7 +40,7 @@ def _assert_nothing_left(hosts: TwoHosts, ns_ids, pids: set[int]) -> None:
     assert not hosts.shared_dir.exists()
 
 
-def test_hosts_have_their_own_tmp_and_network(multinode_available, tmp_path):
+def test_hosts_have_their_own_tmp_and_network(multinode_available, held_netns, tmp_path):
     """No Ray: each host's /tmp is its own; they reach each other (the start checks a TCP
     connection from B to A); no route leads out of them; close leaves nothing."""
     name = f"eddy-multinode-{secrets.token_hex(4)}"
@@ -52,7 +58,7 @@ def test_hosts_have_their_own_tmp_and_network(multinode_available, tmp_path):
             routes = subprocess.run(["ip", "-n", host.netns, "-4", "route"], capture_output=True,
                                     text=True, check=True).stdout
             assert "default" not in routes and str(subnet) in routes, routes
-        ns_ids, pids = _ns_ids(hosts), a.pids() | b.pids()
+        ns_ids, pids = held_netns(hosts), a.pids() | b.pids()
         assert len(pids) == 2  # the anchors
     _assert_nothing_left(hosts, ns_ids, pids)
 
@@ -94,7 +100,7 @@ print({mark!r} + json.dumps({{"nodes": nodes, "actor": actor, "tokenless": token
 
 
 @pytest.mark.slow
-def test_ray_cluster_across_two_hosts(ray_cluster_factory, record_property):
+def test_ray_cluster_across_two_hosts(ray_cluster_factory, held_netns, record_property):
     cluster = ray_cluster_factory(num_cpus={"A": 1, "B": 1}, resources={"B": {"only_b": 1}})
     hosts = cluster.hosts
     a, b = hosts.a, hosts.b
@@ -135,7 +141,7 @@ def test_ray_cluster_across_two_hosts(ray_cluster_factory, record_property):
           + "\n  ".join(wildcard))  # shown with -s or -rP
 
     # teardown, here so that it can be checked (the fixture's close is then a no-op)
-    ns_ids, pids = _ns_ids(hosts), a.pids() | b.pids()
+    ns_ids, pids = held_netns(hosts), a.pids() | b.pids()
     assert len(pids) > 4  # the anchors and Ray's processes (GCS, raylets, agents, ...)
     hosts.close()
     _assert_nothing_left(hosts, ns_ids, pids)

@@ -13,7 +13,11 @@ inside.
 
 `isolation="none"` (and `auto` where namespaces are unavailable, with one warning naming why)
 keeps the limits, the seccomp filter and the audit hook but runs in the host's namespaces as
-Eddy's user: that is careless-code protection, not a boundary against hostile code.
+Eddy's user: that is careless-code protection, not a boundary against hostile code. The filter
+(`seccomp.py`, x86_64 and aarch64) keeps signals from reaching any other process in every mode,
+the driver included (kill, and SIGIO's routes: fcntl F_SETOWN/F_SETSIG/O_ASYNC, ioctl
+FIOSETOWN/FIOASYNC). Where there is no filter (another architecture or OS, or the kernel
+refuses it) the first run warns, naming what is left open in its mode.
 """
 
 from .runner import (ISOLATIONS, PythonSandbox, SandboxError, SandboxLimits, SandboxResult,

@@ -35,15 +35,10 @@ audit hook. Not a boundary.
 
 The rlimits: RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE (from SandboxLimits), no core files,
 RLIMIT_NOFILE 256, and RLIMIT_NPROC 0 (64 inside a PID namespace) where there is no seccomp
-filter. The filter (x86_64 only; elsewhere none) fails with EPERM: fork, vfork, clone without
-CLONE_THREAD or with a namespace flag (clone3 with ENOSYS, so that threads fall back to
-clone), execve(at), ptrace, process_vm_*, kcmp, every mount, namespace and chroot call,
-setrlimit and prlimit64 with a new limit, bpf, perf_event_open, userfaultfd, io_uring, the key
-calls, kexec and module loading, reboot, swap, acct, quotactl, open_by_handle_at, iopl/ioperm,
-syslog, signals to any process but itself (kill, tgkill; tkill, sigqueueinfo and pidfd_*
-entirely), mknod of anything but a FIFO, memfd_create, shmget and msgget (memory outside
-RLIMIT_AS and the work directory's size), and sockets of any family but AF_UNIX. System calls
-of another architecture (i386) kill the process; x32 ones fail.
+filter. The filter is seccomp.py's (its docstring lists what it refuses); the runner sends that
+file's code ahead of this one's, which is where `install_seccomp` comes from. `ready` on the
+status descriptor is followed by `; no seccomp filter: <why>` where the filter is missing, so
+that the runner can say what is not isolated.
 """
 
 import atexit
@@ -65,8 +60,7 @@ LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/u
 # <linux/sched.h>, <linux/mount.h>, <linux/prctl.h>
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, \
     0x8000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_THREAD = 0x10000000, 0x20000000, 0x40000000, \
-    0x10000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
@@ -74,7 +68,7 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 KEPT_FLAGS = {os.ST_NOEXEC: MS_NOEXEC, os.ST_NODEV: MS_NODEV, os.ST_NOATIME: MS_NOATIME,
               os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP = 1, 4, 22, 24
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 OLD_ROOT = "/.old-root"  # where the host's root is until the init has mounted /proc
@@ -142,130 +136,6 @@ class _Libc:
         self.call("capset", header, data)
 
 
-# ------------------------------------------------------------------------------- seccomp
-
-# x86_64 system call numbers (arch/x86/entry/syscalls/syscall_64.tbl)
-X86_64 = dict(
-    arch=0xC000003E, clone=56, clone3=435, socket=41, socketpair=53, kill=62, tgkill=234,
-    mknod=133, mknodat=259, prlimit64=302,
-    deny=(57, 58, 59, 322,  # fork vfork execve execveat
-          101, 310, 311, 312, 440,  # ptrace process_vm_readv/writev kcmp process_madvise
-          165, 166, 155, 161, 272, 308,  # mount umount2 pivot_root chroot unshare setns
-          428, 429, 430, 431, 432, 433, 442,  # open_tree move_mount fs* mount_setattr
-          160,  # setrlimit
-          321, 298, 323, 425, 426, 427,  # bpf perf_event_open userfaultfd io_uring_*
-          248, 249, 250,  # add_key request_key keyctl
-          246, 320, 175, 313, 176,  # kexec_load kexec_file_load init/finit/delete_module
-          169, 167, 168, 163, 179, 134, 135, 154, 156,  # reboot swapon swapoff acct quotactl
-                                                         # uselib personality modify_ldt sysctl
-          303, 304, 172, 173, 103, 212, 153,  # name_to/open_by_handle_at iopl ioperm syslog
-                                              # lookup_dcookie vhangup
-          200, 129, 297, 424, 434, 438,  # tkill rt_(tg)sigqueueinfo pidfd_*
-          319, 29, 68))  # memfd_create shmget msgget: memory outside RLIMIT_AS and the tmpfs
-
-
-def seccomp_program(table, own_pid):
-    """The filter as struct sock_filter bytes: a tiny assembler with forward labels."""
-    import struct
-
-    LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06  # ld [k]; jeq/jge #k; and #k; ret #k
-    ALLOW, ERRNO, KILL = 0x7FFF0000, 0x00050000, 0x80000000
-    EPERM, ENOSYS = 1, 38
-    ARG = lambda n: 16 + 8 * n  # noqa: E731 (low 32 bits of args[n], little-endian)
-    program = []  # (code, jt, jf, k) with jt/jf a label or None (the next instruction)
-
-    def emit(code, k, jt=None, jf=None):
-        program.append((code, jt, jf, k))
-
-    def label(name):
-        program.append(name)
-
-    emit(LD, 4)  # arch
-    emit(JEQ, table["arch"], None, "kill")
-    emit(LD, 0)  # nr
-    emit(JGE, 0x40000000, "deny", None)  # the x32 ABI
-    for nr in table["deny"]:
-        emit(JEQ, nr, "deny", None)
-    emit(JEQ, table["clone3"], "enosys", None)
-    for name in ("clone", "socket", "socketpair", "kill", "tgkill", "mknod", "mknodat",
-                 "prlimit64"):
-        emit(JEQ, table[name], f"check_{name}", None)
-    emit(RET, ALLOW)
-    namespaces = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
-                  | CLONE_NEWPID | CLONE_NEWNET)
-    label("check_clone")  # a thread, creating no namespace
-    emit(LD, ARG(0))
-    emit(AND, CLONE_THREAD | namespaces)
-    emit(JEQ, CLONE_THREAD, "allow", "deny")
-    label("check_socket")
-    label("check_socketpair")
-    emit(LD, ARG(0))
-    emit(JEQ, 1, "allow", "deny")  # AF_UNIX
-    label("check_kill")
-    label("check_tgkill")
-    emit(LD, ARG(0))
-    emit(JEQ, own_pid, "allow", "deny")
-    label("check_mknod")
-    emit(LD, ARG(1))
-    emit(AND, 0o170000)
-    emit(JEQ, 0o010000, "allow", "deny")  # S_IFIFO
-    label("check_mknodat")
-    emit(LD, ARG(2))
-    emit(AND, 0o170000)
-    emit(JEQ, 0o010000, "allow", "deny")
-    label("check_prlimit64")  # reading a limit (new_limit NULL) only
-    emit(LD, ARG(2))
-    emit(JEQ, 0, None, "deny")
-    emit(LD, ARG(2) + 4)
-    emit(JEQ, 0, "allow", "deny")
-    label("allow")
-    emit(RET, ALLOW)
-    label("deny")
-    emit(RET, ERRNO | EPERM)
-    label("enosys")
-    emit(RET, ERRNO | ENOSYS)
-    label("kill")
-    emit(RET, KILL)
-
-    where, index = {}, 0
-    for item in program:
-        if isinstance(item, str):
-            where[item] = index
-        else:
-            index += 1
-    out, index = [], 0
-    for item in program:
-        if isinstance(item, str):
-            continue
-        code, jt, jf, k = item
-        offset = lambda target: 0 if target is None else where[target] - index - 1  # noqa
-        if not (0 <= offset(jt) < 256 and 0 <= offset(jf) < 256):
-            raise ValueError("seccomp program: jump out of range")
-        out.append(struct.pack("=HBBI", code, offset(jt), offset(jf), k))
-        index += 1
-    return b"".join(out), len(out)
-
-
-def install_seccomp(libc, own_pid):
-    """PR_SET_NO_NEW_PRIVS and the filter; returns why there is no filter, or None."""
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if os.uname().machine != "x86_64":
-        return f"no seccomp filter for {os.uname().machine}"
-    c = libc.ctypes
-    code, length = seccomp_program(X86_64, own_pid)
-    buffer = c.create_string_buffer(code, len(code))
-
-    class Program(c.Structure):
-        _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
-
-    program = Program(length, c.cast(buffer, c.c_void_p))
-    try:
-        libc.prctl(PR_SET_SECCOMP, 2, c.addressof(program))  # SECCOMP_MODE_FILTER
-    except OSError as exc:
-        return f"seccomp: {exc.strerror}"
-    return None
-
-
 # ------------------------------------------------------------------------- the audit hook
 
 def install_hook(workdir, read_roots):
@@ -289,6 +159,7 @@ def install_hook(workdir, read_roots):
                "os.fork", "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym",
                "ctypes.cdata", "ctypes.call_function", "sys.addaudithook",
                "resource.setrlimit", "resource.prlimit"}
+    signalling = {F_SETOWN, F_SETOWN_EX, F_SETSIG, FIOSETOWN, SIOCSPGRP, FIOASYNC, TIOCSTI}
     sealed = {"posix", "_posixsubprocess", "nt"}  # re-imported, they would bring back the
                                                   # functions wrapped below
     # event -> (path index, its dir_fd index or None) for each path it changes
@@ -353,6 +224,10 @@ def install_hook(workdir, read_roots):
         elif event in ("os.kill", "os.killpg"):
             if args[0] != getpid():
                 refuse(f"{event} {args[0]}", "it may signal only itself")
+        elif event in ("fcntl.fcntl", "fcntl.ioctl"):  # SIGIO and its kin, sent to an owner
+            if args[1] in signalling or (args[1] == F_SETFL and isinstance(args[2], int)
+                                         and args[2] & O_ASYNC):
+                refuse(f"{event} {args[1]:#x}", "it may signal only itself")
         elif event == "import" and args[0] in sealed and args[0] not in modules:
             refuse(f"import {args[0]}", "sealed module")
 
@@ -402,11 +277,15 @@ def run_code(status_fd, memory, cpu, fsize, layers, workdir, read_roots, libc, s
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE: OSError
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if "seccomp" in layers and libc is not None and seccomp_why is None:
+        if "seccomp" not in layers:
+            seccomp_why = "turned off"
+        elif libc is None:
+            seccomp_why = seccomp_why or f"no seccomp on {sys.platform}"
+        elif seccomp_why is None:
             seccomp_why = install_seccomp(libc, os.getpid())
-        elif libc is not None:
+        if libc is not None:
             libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if seccomp_why is not None or "seccomp" not in layers:  # no filter: rlimit processes
+        if seccomp_why is not None:  # no filter: rlimit processes
             nproc = 0 if "namespaces" not in layers else 64  # inside a PID namespace, fork
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))  # is contained anyway
         for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.",
@@ -415,7 +294,9 @@ def run_code(status_fd, memory, cpu, fsize, layers, workdir, read_roots, libc, s
         libc = None
         if "hook" in layers:
             install_hook(workdir, read_roots)
-        os.write(status_fd, b"ready\n")
+        unfiltered = "" if seccomp_why in (None, "turned off") else \
+            f"; no seccomp filter: {seccomp_why}"
+        os.write(status_fd, f"ready{unfiltered}\n".encode("utf-8", "replace"))
         os.closerange(3, 1 << 16)
     except BaseException as exc:  # noqa: BLE001 (any failure of the setup is reported)
         setup_failed(status_fd, "preparing the interpreter", exc)

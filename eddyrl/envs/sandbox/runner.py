@@ -22,7 +22,10 @@ from ...errors import EddyError
 
 log = logging.getLogger(__name__)
 
-CHILD = Path(__file__).with_name("child.py").read_text()
+# The child imports nothing of Eddy's: the filter's module goes ahead of child.py in the one
+# script it runs.
+CHILD = "\n".join(Path(__file__).with_name(name).read_text()
+                  for name in ("seccomp.py", "child.py"))
 # Compiling child.py takes longer than starting the interpreter: when the child is this same
 # interpreter, it gets the code object, marshalled, ahead of the model's code on stdin.
 _STUB = ("import marshal, sys\n"
@@ -142,6 +145,8 @@ class PythonSandbox:
                 source, mode, layers, _layout(base, mode, self.limits))
         if returncode == SETUP_FAILED and status.startswith("error:"):
             raise SandboxError(f"the Python sandbox could not start: {status[7:].strip()}")
+        if status.startswith(UNFILTERED):
+            _warn_unfiltered(mode, status[len(UNFILTERED):].strip())
         return _result(returncode, timed_out, out, err, time.monotonic() - start,
                        self.limits)
 
@@ -285,6 +290,26 @@ def _warn_fallback(reason: str) -> None:
         log.warning("the Python sandbox runs without namespaces (isolation 'auto' fell back to "
                     "'none': rlimits, seccomp and an audit hook, not a boundary against "
                     "hostile code): %s (%s)", reason, HINT)
+
+
+UNFILTERED = "ready; no seccomp filter: "  # child.py's status line where the filter is missing
+NOT_ISOLATED = {
+    "none": "model code can signal other processes (the training driver included), start "
+            "processes and open network sockets, refused only by the audit hook, which is "
+            "not a boundary; use isolation 'namespaces' or a container",
+    "namespaces": "the namespaces still keep it from other processes, the network and the "
+                  "host's files, but every system call is open to it (mount, bpf, io_uring, "
+                  "keyctl...) and it can start up to 64 processes",
+}
+
+
+def _warn_unfiltered(mode: str, why: str) -> None:
+    """Once per mode and reason: the run had no seccomp filter, and what that leaves open."""
+    key = f"{mode}: {why}"
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("the Python sandbox runs without its seccomp filter (%s) in isolation "
+                    "'%s': %s", why, mode, NOT_ISOLATED[mode])
 
 
 def _clean_env(workdir: str) -> dict[str, str]:

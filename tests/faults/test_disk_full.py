@@ -1,0 +1,136 @@
+"""A full disk during a run (issue 32): in-process it ended in a 99-line traceback; on Ray in
+"CheckpointException" with no word of ENOSPC, and worker_errors.log, on the same full disk,
+stayed empty. Now a full disk (ENOSPC) or quota (EDQUOT), however it was wrapped, ends the run
+with one line: that the disk is full, where, and the checkpoint to go on from; the traceback a
+worker_errors.log cannot take goes to stderr. The disk is filled by an OSError(ENOSPC) raised
+where the write would fail."""
+
+import asyncio
+import errno
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from eddyrl import disk_full
+from eddyrl.cli import main
+
+from .test_worker_errors import bare_runtime  # noqa: F401  (a fixture: a RayRuntime, no workers)
+
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file name
+
+
+def _checkpoint_exception(error: OSError) -> BaseException:
+    """What torch.distributed.checkpoint raises for a rank's failed write."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    try:
+        raise error
+    except OSError as exc:
+        return CheckpointException("save failed", {0: _wrap_exception(exc)})
+
+
+@pytest.mark.parametrize("made, found", [
+    pytest.param(lambda: OSError(errno.ENOSPC, "No space left on device", "/r/m.safetensors"),
+                 (errno.ENOSPC, "/r/m.safetensors"), id="oserror"),
+    pytest.param(lambda: _checkpoint_exception(ENOSPC), (errno.ENOSPC, None),
+                 id="checkpoint-exception"),
+    pytest.param(lambda: RuntimeError("Error while serializing: I/O error: Disk quota exceeded "
+                                      "(os error 122)"), (errno.EDQUOT, None), id="safetensors"),
+    pytest.param(lambda: RuntimeError("ray::TrainerRank.save()\nOSError: [Errno 28] No space "
+                                      "left on device: '/r/x'"), (errno.ENOSPC, "/r/x"),
+                 id="traceback-text"),
+])
+def test_a_full_disk_is_found_however_it_was_wrapped(made, found):
+    try:
+        try:
+            raise made()
+        except BaseException as inner:
+            raise RuntimeError("cleanup failed too") from inner
+    except RuntimeError as outer:
+        full = disk_full.find(outer)
+    assert (full.code, full.path) == found
+    assert disk_full.find(RuntimeError("a different error")) is None
+
+
+def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, monkeypatch,
+                                                   capsys):
+    """The second checkpoint's write fails (the in-process runtime, a real run): before, the
+    CheckpointException's traceback; now one line naming ENOSPC and the step-1 checkpoint."""
+    from eddyrl.engines.training import fsdp
+
+    saves = []
+
+    def save_rng(*args):
+        saves.append(args)
+        if len(saves) == 2:
+            raise _checkpoint_exception(ENOSPC)
+        return real_save_rng(*args)
+
+    real_save_rng = fsdp.save_rng
+    monkeypatch.setattr(fsdp, "save_rng", save_rng)
+    run_dir = tmp_path / "run"
+    rc = main(["train", f"model.path={tiny_model_dir}", f"run_dir={run_dir}", "loop.steps=3",
+               "checkpoint.every=1", "loop.batch_prompts=2", "loop.eval_every=0",
+               "rollout.n_samples=2", "rollout.max_new_tokens=8", "data.train_size=16",
+               "data.eval_size=2", "cluster.runtime=local"])
+    err = capsys.readouterr().err
+    assert rc == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [row for row in err.splitlines() if row.startswith("eddy: error:")]
+    assert line == (f"eddy: error: the disk is full (ENOSPC: No space left on device) writing "
+                    f"in run_dir '{run_dir}'; free space there (or choose a run_dir on a disk "
+                    f"with room); resume with resume=auto run_dir={run_dir} (its newest good "
+                    "checkpoint is step 1)"), line
+
+
+def _full_disk_actor():
+    """An actor whose save fails as torch.distributed.checkpoint's does on a full disk. Made in
+    a function: Ray's workers get the class itself, not this module's name."""
+    import ray
+
+    class Saving:
+        def save(self, path: str) -> None:  # `_checkpoint_exception`, here: not importable
+            from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+            try:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as exc:
+                raise CheckpointException("save failed", {0: _wrap_exception(exc)}) from None
+
+    return ray.remote(num_cpus=0.1)(Saving).remote()
+
+
+def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
+        bare_runtime, monkeypatch, capsys, tmp_path):  # noqa: F811
+    """Before: "trainer rank 0 failed during save: CheckpointException ..." with no ENOSPC, and
+    nothing in worker_errors.log (on the full disk) nor anywhere else."""
+    import ray
+
+    from eddyrl import cli
+    from eddyrl.errors import EddyError, WorkerCallError
+    from eddyrl.runtime import ray_calls
+
+    def full_open(path, *args, **kwargs):
+        if str(path) == str(bare_runtime.error_log):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(ray_calls, "open", full_open, raising=False)
+    actor = _full_disk_actor()
+    with pytest.raises(WorkerCallError) as raised:
+        asyncio.run(bare_runtime._call("trainer rank 0", "save", actor.save.remote("/x")))
+    ray.kill(actor)
+    message = str(raised.value)
+    assert message.startswith("trainer rank 0 failed during save: OSError: [Errno 28] No space "
+                              "left on device (leading to "), message
+    assert message.endswith("(traceback above, on stderr)"), message
+    err = capsys.readouterr().err
+    assert f"could not be written: [Errno 28] No space left on device: '{bare_runtime.error_log}'" \
+        in err and "CheckpointException" in err, err  # the whole of it, where it can be read
+    config = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(every=1))
+    with pytest.raises(EddyError) as line:  # what `eddy train` then prints, one line
+        cli._raise_as_one_line(raised.value, config)
+    assert str(line.value).startswith("the disk is full (ENOSPC: No space left on device) "
+                                      f"writing in run_dir '{tmp_path}'; free space there"), \
+        str(line.value)
