@@ -95,6 +95,32 @@ def find(resume: str | None, run_dir: Path) -> ResumePoint | None:
     return ResumePoint(path, load(path), skipped)
 
 
+def already_holds_a_run(run_dir: Path) -> ConfigError:
+    """The refusal of a fresh run in a directory that holds one, with advice that is true:
+    `resume=auto` only where it would go on (a usable checkpoint), else why not and what
+    instead (before: resume=auto was advised, and then refused for having no checkpoint)."""
+    run_dir = Path(run_dir)
+    logged = "metrics.jsonl" if (run_dir / "metrics.jsonl").is_file() else "no metrics.jsonl"
+    steps = sorted(p.name for p in (run_dir / CHECKPOINTS).glob("step_*")
+                   if checkpoints.step_of(p) is not None)
+    what = f"{logged}, {len(steps)} checkpoint(s)" + (f", the newest {steps[-1]}" if steps
+                                                        else "")
+    quiet = logging.getLogger(checkpoints.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the reasons go into the message, not ahead of it
+    try:
+        path, skipped = checkpoints.latest(run_dir / CHECKPOINTS)
+    finally:
+        quiet.setLevel(level)
+    if path is not None:
+        how = f"go on with resume=auto (from {path.name}), choose another run_dir, or move it away"
+    else:
+        why = "".join(f"; {reason}" for reason in skipped)
+        how = (f"none of its checkpoints can be resumed from{why}: choose another run_dir, or "
+               "move that one away")
+    return ConfigError(f"run_dir '{run_dir}' already holds a run ({what}); {how}")
+
+
 def check_settings(point: ResumePoint | None, *, seed: int, steps: int) -> None:
     """What can be refused before the data is read: another seed, or nothing to train."""
     if point is None:

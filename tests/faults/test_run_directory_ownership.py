@@ -282,3 +282,24 @@ def test_resuming_from_a_retired_checkpoint_keeps_its_own_history(tmp_path):
     dropped = [json.loads(line)["step"] for line in
                (moved_to / "metrics.jsonl").read_text().splitlines()]
     assert dropped == [5, 6, 7, 8]
+
+
+# -- unclear answer: a rerun and resume=auto must not send the user to each other ------------
+
+def test_a_run_without_usable_checkpoints_is_not_sent_to_resume_auto(tmp_path):
+    """Before: after a run that logged steps but left no usable checkpoint (a full disk), a
+    rerun said "go on with resume=auto" and resume=auto said "choose another run_dir": each
+    sent the user to the other. Now the rerun's refusal says resume=auto cannot go on, and
+    why, and resume=auto's agrees."""
+    from eddyrl.launch import train
+
+    (tmp_path / LOCK).write_text("")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (tmp_path / CHECKPOINTS / "step_000001").mkdir(parents=True)  # its write never finished
+    with pytest.raises(ConfigError) as rerun:
+        train(train_config(tmp_path, "loop.steps=2"))
+    assert "none of its checkpoints can be resumed from" in str(rerun.value)
+    assert "step_000001' has no manifest.json" in str(rerun.value)
+    assert "go on with resume=auto" not in str(rerun.value)
+    with pytest.raises(ConfigError, match="none of its checkpoints under .* can be used"):
+        train(train_config(tmp_path, "loop.steps=2", "resume=auto"))
