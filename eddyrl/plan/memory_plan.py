@@ -199,15 +199,17 @@ def attention_kind(config: EddyConfig, platform: Platform | None) -> str:
     chosen = config.train.attention
     if chosen != "auto":
         return chosen
-    query = getattr(platform, "varlen_attention", None)
-    if platform is None or query is None or platform.check_usable() is not None:
+    if platform is None or getattr(platform, "varlen_attention", None) is None \
+            or platform.check_usable() is not None:
         return "mask"
     import torch
 
+    from ..engines.training.attention import attention_layout
+
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         config.train.param_dtype]
-    try:
-        return "varlen" if query(dtype) is not None else "mask"
+    try:  # the engine's own rule (engines/training/attention.py)
+        return attention_layout(chosen, platform, dtype)
     except Exception:  # a half-installed kernel library: plan the mask
         return "mask"
 

@@ -56,3 +56,10 @@ def attention_implementation(setting: str, platform: Platform, dtype: torch.dtyp
                           "variable-length attention at "
                           f"{str(dtype).removeprefix('torch.')}; {hint}")
     return varlen
+
+
+def attention_layout(setting: str, platform: Platform, dtype: torch.dtype | None) -> str:
+    """The packed layout a run with `setting` trains in on `platform`: `varlen` where
+    `attention_implementation` loads a variable-length kernel, else `mask` (the one rule the
+    engine and `eddy plan`'s memory model both follow)."""
+    return "mask" if attention_implementation(setting, platform, dtype) is None else "varlen"
