@@ -68,7 +68,8 @@ class DataConfig:
             check_range(f"{prefix}.reward_timeout_s", self.reward_timeout_s, 0, lo_open=True)
         if ":" not in self.reward_fn:
             raise ConfigError(f"config key '{prefix}.reward_fn' = {self.reward_fn!r} must be a "
-                              "dotted path of the form 'package.module:function'")
+                              "dotted path 'package.module:function' or a file's "
+                              "'path/to/file.py:function'")
         if (self.train_path is None) != (self.eval_path is None):
             raise contradiction(f"{prefix}.train_path and {prefix}.eval_path must be given "
                                 "together (or neither, to generate the built-in task)")

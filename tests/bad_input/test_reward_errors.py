@@ -25,12 +25,13 @@ from eddyrl.errors import ConfigError
                  "the object is a Pattern, not a callable fn(response_text, answer) -> float",
                  id="not-callable"),
     pytest.param("eddyrl.tasks.reward.reward",
-                 "is not a dotted path of the form 'package.module:Name'", id="no-colon"),
+                 "is neither a dotted path 'package.module:Name' nor a file's "
+                 "'path/to/file.py:Name'", id="no-colon"),
 ])
 def test_reward_fn_that_does_not_load_names_the_config_key(dotted, problem):
     with pytest.raises(ConfigError) as error:
         load_reward_fn(dotted)
-    separator = " " if problem.startswith("is not") else ": "
+    separator = " " if problem.startswith("is neither") else ": "
     assert str(error.value) == f"config key 'data.reward_fn' = {dotted!r}{separator}{problem}"
 
 
