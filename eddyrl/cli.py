@@ -86,12 +86,15 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from . import stopping
-    from .config import load_config
+    from .config.resumed import load_run_config
     from .launch import resolve_run_dir, train
     from .ui import TrainProgress, console
 
     path, overrides = _split_config_args(ns.args)
-    config = load_config(path, overrides)
+    # a resume goes on with the run's saved config, the command line's overrides on top
+    config, against_saved = load_run_config(path, overrides)
+    if against_saved:
+        console.print(against_saved, highlight=False, markup=False)
     # resolved once, here: a stopped run's message says where to resume
     config.run_dir = config.run_dir or str(resolve_run_dir(config))
     finished: list[int] = []  # the steps logged so far

@@ -1,0 +1,66 @@
+"""The config a resumed run goes on with: the run's own saved `config.yaml`, with the command
+line's overrides on top, and what they change said in one line.
+
+Before, `eddy train resume=auto run_dir=R` started from the defaults: a run that had been
+started with `loop.steps=40 checkpoint.every=5` went on to step 100 with no checkpoints, and
+nothing said so. Now `resume=` with a `run_dir` that holds a saved config and no config file
+on the command line loads that config; a config file given as well is used as given, and the
+keys where it differs from the saved one are named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+from .loader import load_config, parse_overrides
+from .schema import EddyConfig
+
+SAVED = "config.yaml"  # in the run directory (launch.py writes it)
+_NOT_SETTINGS = {"resume", "run_dir"}  # where and how to go on, not what the run is
+_SHOWN = 8  # differences named in the line
+
+
+def load_run_config(path: str | None, overrides: Sequence[str]
+                    ) -> tuple[EddyConfig, str | None]:
+    """The config `eddy train [path] [overrides]` runs with, and a line saying how it relates
+    to the run's saved config when it resumes one (None: not a resume, or nothing saved)."""
+    tree = parse_overrides(overrides)
+    saved = Path(str(tree["run_dir"])) / SAVED if tree.get("resume") and tree.get("run_dir") \
+        else None
+    if saved is None or not saved.is_file():
+        return load_config(path, overrides), None
+    before = load_config(saved, check_files=False)
+    if path is None:
+        config = load_config(saved, overrides)
+        changed = differences(before, config)
+        return config, (f"resume: going on with the run's saved config ({saved})" +
+                        (f"; changed by the command line: {_listed(changed)}" if changed
+                         else ""))
+    config = load_config(path, overrides)
+    changed = differences(before, config)
+    return config, (f"resume: config '{path}' differs from the run's saved config ({saved}): "
+                    f"{_listed(changed)}" if changed else None)
+
+
+def differences(before: EddyConfig, after: EddyConfig) -> list[tuple[str, Any, Any]]:
+    """(key, before, after) for each setting that differs, keys dotted, in order."""
+    old, new = _flat(dataclasses.asdict(before)), _flat(dataclasses.asdict(after))
+    return [(key, old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if key.split(".")[0] not in _NOT_SETTINGS and old.get(key) != new.get(key)]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _listed(changed: list[tuple[str, Any, Any]]) -> str:
+    shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:_SHOWN])
+    return shown + (f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else "")
