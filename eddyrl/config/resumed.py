@@ -19,6 +19,10 @@ from .schema import EddyConfig
 
 SAVED = "config.yaml"  # in the run directory (launch.py writes it)
 _NOT_SETTINGS = {"resume", "run_dir"}  # where and how to go on, not what the run is
+# Resolved for the machine that wrote the config (`platform: auto` saved as the platform it
+# found): a resume resolves them anew, from the command line or `auto`, and the checkpoint's
+# own check (run_state.check_platforms) refuses a silent change of devices.
+MACHINE_KEYS = ("platform", "rollout.platform", "train.platform")
 _SHOWN = 8  # differences named in the line
 
 
@@ -33,7 +37,7 @@ def load_run_config(path: str | None, overrides: Sequence[str]
         return load_config(path, overrides), None
     before = load_config(saved, check_files=False)
     if path is None:
-        config = load_config(saved, overrides)
+        config = load_config(saved, [*_machine_defaults(tree), *overrides])
         changed = differences(before, config)
         return config, (f"resume: going on with the run's saved config ({saved})" +
                         (f"; changed by the command line: {_listed(changed)}" if changed
@@ -45,10 +49,27 @@ def load_run_config(path: str | None, overrides: Sequence[str]
 
 
 def differences(before: EddyConfig, after: EddyConfig) -> list[tuple[str, Any, Any]]:
-    """(key, before, after) for each setting that differs, keys dotted, in order."""
+    """(key, before, after) for each setting that differs, keys dotted, in order (the
+    machine's platform keys aside)."""
     old, new = _flat(dataclasses.asdict(before)), _flat(dataclasses.asdict(after))
     return [(key, old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
-            if key.split(".")[0] not in _NOT_SETTINGS and old.get(key) != new.get(key)]
+            if key.split(".")[0] not in _NOT_SETTINGS and key not in MACHINE_KEYS
+            and old.get(key) != new.get(key)]
+
+
+def _machine_defaults(tree: dict) -> list[str]:
+    """Overrides putting the platform keys the command line does not set back to their
+    defaults (`auto`: resolved on this machine)."""
+    defaults = _flat(dataclasses.asdict(EddyConfig()))
+    out = []
+    for key in MACHINE_KEYS:
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            value = defaults[key]
+            out.append(f"{key}={'null' if value is None else value}")
+    return out
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -44,3 +44,15 @@ def test_without_resume_or_a_saved_config_nothing_changes(tmp_path):
     assert config.loop.steps == load_config().loop.steps and line is None
     config, line = load_run_config(None, ["resume=auto", f"run_dir={tmp_path / 'fresh'}"])
     assert line is None
+
+
+def test_the_platform_is_resolved_anew_not_taken_from_the_saved_config(tmp_path):
+    """The saved config records the platform `auto` found (`platform: example`); a resume
+    resolves it on this machine, and the checkpoint's check refuses a silent move
+    (tests/hal/test_plugin_train.py); one named on the command line is kept."""
+    run_dir = saved_run(tmp_path, "platform=cpu", "train.platform=cpu")
+    config, line = load_run_config(None, ["resume=auto", f"run_dir={run_dir}"])
+    assert (config.platform, config.train.platform) == ("auto", None)
+    assert "changed by the command line" not in line
+    config, _ = load_run_config(None, ["resume=auto", f"run_dir={run_dir}", "platform=cpu"])
+    assert config.platform == "cpu"
