@@ -143,12 +143,13 @@ def eddy_config(overrides=()):
 
 def export_task(config, steps: int, work: Path) -> dict:
     """Eddy's training batches for `steps` steps (in its draw order) and eval rows, as JSON."""
-    from eddyrl.launch import close_user_code, prepare
+    from eddyrl.launch import prepare
     from eddyrl.preflight import preflight
 
     model_path = preflight(config)
-    tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, work / "data")
-    close_user_code(settings, reward)
+    run = prepare(config, model_path, work / "data")
+    run.close()
+    tokenizer, train_set, eval_set = run.tokenizer, run.train_set, run.eval_set
     loop, algo, train, rollout = config.loop, config.algorithm, config.train, config.rollout
     batches = [[{"index": p.index, "prompt": p.prompt, "answer": p.answer,
                  "prompt_ids": list(p.prompt_ids)} for p in prompts]
@@ -221,11 +222,11 @@ def eddy_loss_and_grads(task: dict, config, groups: list) -> dict:
     from transformers import AutoModelForCausalLM
 
     from eddyrl.core.batching import build_train_batch
+    from eddyrl.core.update import PolicyUpdate
     from eddyrl.engines.training.packing import token_logprobs
-    from eddyrl.runtime.workers import _policy_loss
 
     s = task["settings"]
-    loss_fn = _policy_loss(config)
+    loss_fn = PolicyUpdate(config.algorithm).loss
     out = {}
     for name, chosen in (("all", groups), ("trained", [g for g in groups if g.is_informative()])):
         torch.manual_seed(config.seed)

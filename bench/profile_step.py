@@ -59,12 +59,12 @@ def run(args) -> None:
 
     from eddyrl.config import load_config
     from eddyrl.core.batching import build_train_batch
+    from eddyrl.core.update import PolicyUpdate
     from eddyrl.engines.inference.hf import HFInferenceEngine
     from eddyrl.engines.training.fsdp import FSDPTrainEngine
     from eddyrl.hal import get_platform
     from eddyrl.models.config import load_tokenizer
     from eddyrl.protocol import GenerationRequest, Group, SamplingParams, Trajectory
-    from eddyrl.runtime.workers import _policy_loss
     from eddyrl.tasks.arith import ArithTaskConfig, generate_rows
     from eddyrl.tasks.prompts import prompt_ids
     from eddyrl.tasks.reward import reward
@@ -87,7 +87,7 @@ def run(args) -> None:
                               temperature=config.rollout.temperature,
                               share_prompts=config.train.share_prompts,
                               max_packed_tokens=config.train.max_packed_tokens)
-    loss_fn = _policy_loss(config)
+    loss_fn = PolicyUpdate(config.algorithm).loss
     n, k = config.rollout.n_samples, config.loop.batch_prompts
     times: dict[str, list[float]] = {}
 

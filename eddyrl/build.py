@@ -4,7 +4,7 @@ and the tests build their controller here, so a mechanism is switched on or off 
 section alone and an absent one is a null object (`NoElastic`, `NoAdaptive`, `NoRecovery`),
 never a `None` checked in the loop.
 
-The runtime's optional capabilities (`runtime.protocol`) are asked for here, once: a setting
+The runtime's optional capabilities (`runtime_protocol`) are asked for here, once: a setting
 that needs one the runtime lacks is refused by name before the run starts.
 """
 
@@ -27,7 +27,7 @@ from .core.version_window import VersionWindow
 from .errors import ConfigError
 from .protocol import SamplingParams
 from .runtime.placement import role_platform_names
-from .runtime.protocol import Elastic, Plannable, Recoverable, Runtime
+from .runtime_protocol import Elastic, Plannable, Recoverable, Runtime
 from .scheduler.adaptive import AdaptiveScheduler, GenerationPlan
 from .scheduler.buckets import BucketRouter, RoutingConfig, bucket_instances
 from .scheduler.plan_predictor import PlanPredictor
@@ -57,7 +57,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
     adaptive scheduler, on `runtime`."""
     if not isinstance(runtime, Runtime):
         raise TypeError(f"{type(runtime).__name__} is not a runtime: it lacks some of "
-                        "runtime.protocol.Runtime's members")
+                        "runtime_protocol.Runtime's members")
     loop, window_config = settings.loop, settings.window
     replay = ReplayBuffer(settings.replay)
     fresh_per_step = replay.fresh_slots(loop.batch_prompts)

@@ -19,7 +19,7 @@ from .core import run_state
 from .build import build_controller, loop_settings
 from .core.controller import Controller
 from .core.rewarding import SafeReward, load_reward_fn
-from .envs.hosting import EnvHost, host_environments
+from .envs.hosting import host_environments
 from .plan.check import check_memory
 from .preflight import preflight
 from .protocol import SamplingParams
@@ -29,8 +29,9 @@ from .hal import get_platform
 from .observability.sinks import open_sinks
 from .observability.trace import Trace
 from .observability.tracing import TracingRuntime, flush_at_checkpoints
-from .runtime.placement import record_role_platforms, role_platform_name, role_platform_names
-from .runtime.protocol import Recoverable
+from .resolved import ResolvedRun, explicit_role_platforms, runtime_settings, with_role_platforms
+from .runtime.placement import role_platform_name, role_platform_names
+from .runtime_protocol import Recoverable
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
 from .scheduler.elastic import ElasticConfig
@@ -44,10 +45,11 @@ def resolve_run_dir(config: EddyConfig) -> Path:
     return (Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
 
-def prepare(config: EddyConfig, model_path: str, data_dir: Path):
-    """Tokenizer, prompt sets, loop settings and the guarded reward function of a run. The
-    reward and the environments run in the user-code pools `user_code` describes (settings.env
-    is the environments' `EnvHost`); `close_user_code` stops them."""
+def prepare(config: EddyConfig, model_path: str, data_dir: Path) -> ResolvedRun:
+    """What a run works out once: tokenizer, prompt sets, loop settings, the guarded reward
+    function, and each worker's settings. The reward and the environments run in the
+    user-code pools `user_code` describes (settings.env is the environments' `EnvHost`);
+    `ResolvedRun.close` stops them."""
     from .models.config import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)  # checked against the model's vocabulary
@@ -79,20 +81,16 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path):
         settings = loop_settings(config, sampling, tokenizer.pad_token_id,
                                  trainer_ranks=config.train.num_workers,
                                  plan_cost=_plan_cost(config, model_path), env=hosted)
+        runtime = runtime_settings(config)
     except BaseException:  # no user-code worker outlives a refused start
         reward_pool.close()
         if hosted is not None:
             hosted.close()
         raise
-    return tokenizer, train_set, eval_set, settings, SafeReward(
-        fn, timeout_s=data.reward_timeout_s, pool=reward_pool)
-
-
-def close_user_code(settings, reward: SafeReward) -> None:
-    """Stop the user-code pools of `prepare` (no worker outlives its run)."""
-    reward.close()
-    if isinstance(settings.env, EnvHost):
-        settings.env.close()
+    return ResolvedRun(config=config, model_path=model_path, tokenizer=tokenizer,
+                       train_set=train_set, eval_set=eval_set, settings=settings,
+                       reward=SafeReward(fn, timeout_s=data.reward_timeout_s, pool=reward_pool),
+                       runtime=runtime)
 
 
 def _plan_cost(config: EddyConfig, model_path: str):
@@ -129,18 +127,18 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
     model_path = saved if base is None else ModelConfig(path=base).resolve(
         label=f"base model {base!r} of the LoRA checkpoint {checkpoint!r}")
     weights = None if base is None else merged_state(model_path, saved)
-    tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path, data_dir)
+    run = prepare(config, model_path, data_dir)
     # One engine, no trainer: no pool to move workers in, no buckets to route between.
-    settings = dataclasses.replace(settings, elastic=ElasticConfig(), adaptive=AdaptiveConfig(),
-                                   routing=RoutingConfig(), plan_cost=None)
-    platform = get_platform(role_platform_name(config, "rollout"))  # eval needs no trainer
-    engine = load_engine_class("rollout", config.rollout.engine)(
-        model_path, platform, seed=config.seed, max_batch_size=config.rollout.max_batch_size,
-        **config.rollout_engine_options())
-    controller = build_controller(settings, InProcessRuntime(engine), train_set, eval_set,
-                                  decode=lambda ids: tokenizer.decode(ids,
-                                                                      skip_special_tokens=True),
-                                  reward=reward)
+    settings = dataclasses.replace(run.settings, elastic=ElasticConfig(),
+                                   adaptive=AdaptiveConfig(), routing=RoutingConfig(),
+                                   plan_cost=None)
+    rollout = run.runtime.rollout
+    platform = get_platform(rollout.platforms.rollout)  # eval needs no trainer
+    engine = load_engine_class("rollout", rollout.engine)(
+        model_path, platform, seed=rollout.seed, max_batch_size=rollout.max_batch_size,
+        **rollout.engine_options)
+    controller = build_controller(settings, InProcessRuntime(engine), run.train_set,
+                                  run.eval_set, decode=run.decode, reward=run.reward)
 
     async def evaluate() -> dict[str, float]:
         if weights is not None:
@@ -150,8 +148,9 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
     try:
         result = asyncio.run(evaluate())
     finally:
-        close_user_code(settings, reward)
-    return {**result, "eval_prompts": len(eval_set.prompts), "reward_errors": reward.errors}
+        run.close()
+    return {**result, "eval_prompts": len(run.eval_set.prompts),
+            "reward_errors": run.reward.errors}
 
 
 def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda m: None,
@@ -159,9 +158,11 @@ def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda
     """Run RL training as configured; returns the path of `summary.json`. The run directory
     is locked for the whole run (`run_dir.py`)."""
     started = time.monotonic()
-    # Fail fast, in one sentence, if a platform is absent; else the names go into the config
-    # (saved with the run, read by every actor) and the checkpoints.
-    explicit = record_role_platforms(config)
+    # Fail fast, in one sentence, if a platform is absent; else the names go into the run's
+    # copy of the config (saved with the run, given to every worker) and the checkpoints.
+    # `config` itself stays as it was loaded.
+    explicit = explicit_role_platforms(config)
+    config = with_role_platforms(config)
     check_memory(config)  # preflight.memory: before the run directory or anything else exists
     run_dir = resolve_run_dir(config)
     with RunDirectory.claim(run_dir) as hold:  # no second run on it while this one lives
@@ -175,39 +176,36 @@ def _train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None], hold: 
     point = resume.find(config.resume, run_dir)
     if point is None and hold.holds_run():
         # Appending would mix two runs' metrics; overwriting would lose the first run's.
-        raise ConfigError(f"run_dir '{run_dir}' already holds a run (metrics.jsonl); choose "
-                          "another run_dir, move that one away, or go on with resume=auto")
+        raise resume.already_holds_a_run(run_dir)
     resume.check_settings(point, seed=config.seed, steps=config.loop.steps)
     if point is not None:
         run_state.check_platforms(point.state, role_platform_names(config), explicit)
     model_path = preflight(config)  # the model's files, lengths, engines: before Ray starts
     with contextlib.ExitStack() as stack:  # whatever was started is stopped, in reverse
-        tokenizer, train_set, eval_set, settings, reward = prepare(config, model_path,
-                                                                   hold.staging("data"))
-        stack.callback(close_user_code, settings, reward)
+        run = prepare(config, model_path, hold.staging("data"))
+        stack.callback(run.close)
         if point is not None:
             run_state.check_compatible(point.state, seed=config.seed,
-                                       fingerprint=train_set.fingerprint,
-                                       prompts=len(train_set.prompts))
+                                       fingerprint=run.train_set.fingerprint,
+                                       prompts=len(run.train_set.prompts))
         # -- every check has passed: from here on the run writes --
         hold.install("data")
         if point is not None:
             resume.begin(point, run_dir)
         else:
             hold.clear_empty_metrics()
-        hold.write_text("config.yaml", to_yaml(config))
-        summary = _run(config, on_step, stack, run_dir, model_path, point, tokenizer,
-                       train_set, eval_set, settings, reward, started)
+        hold.write_text("config.yaml", to_yaml(run.config))  # with the resolved platforms
+        summary = _run(run, on_step, stack, run_dir, point, started)
     summary.update(wall_seconds=time.monotonic() - started, run_dir=str(run_dir),
                    checkpoint=str(run_dir / resume.FINAL),
-                   prompts_truncated=train_set.truncated + eval_set.truncated)
+                   prompts_truncated=run.train_set.truncated + run.eval_set.truncated)
     return hold.write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
-def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path,
-         model_path: str, point: resume.ResumePoint | None, tokenizer, train_set, eval_set,
-         settings, reward, started: float) -> dict[str, Any]:
+def _run(run: ResolvedRun, on_step, stack: contextlib.ExitStack, run_dir: Path,
+         point: resume.ResumePoint | None, started: float) -> dict[str, Any]:
     """Metrics sinks, the Ray runtime and the controller; the run itself."""
+    config, reward = run.config, run.reward
     # metrics.jsonl, and TensorBoard / W&B as `observe` says (eddyrl/observability/sinks.py)
     metrics_file = open_sinks(config.observe, run_dir, dataclasses.asdict(config),
                               resumed_at=None if point is None else point.step)
@@ -221,11 +219,11 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
     if config.runtime_kind() == "local":
         from .runtime.local import LocalRuntime
 
-        runtime = base_runtime = LocalRuntime(config, model_path, str(run_dir))
+        runtime = base_runtime = LocalRuntime(run.runtime, run.model_path, str(run_dir))
     else:
         from .runtime.ray import RayRuntime
 
-        runtime = base_runtime = RayRuntime(config, model_path, str(run_dir))
+        runtime = base_runtime = RayRuntime(run.runtime, run.model_path, str(run_dir))
     stack.callback(base_runtime.shutdown)
     where = _where_actors_are(base_runtime)
     if where:  # written at once (a run that ends early still tells); the summary repeats it
@@ -236,10 +234,8 @@ def _run(config: EddyConfig, on_step, stack: contextlib.ExitStack, run_dir: Path
         reward = runtime.timed_reward(reward)
         # also after a failure: what led up to it
         stack.callback(lambda: runtime.close().write(str(run_dir / "trace.json")))
-    controller = build_controller(
-        settings, runtime, train_set, eval_set,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), reward=reward,
-        log=log)
+    controller = build_controller(run.settings, runtime, run.train_set, run.eval_set,
+                                  decode=run.decode, reward=reward, log=log)
     controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
     if isinstance(runtime, TracingRuntime):
         controller.checkpoint = flush_at_checkpoints(

@@ -37,8 +37,8 @@ def load_dotted(dotted: str, key: str, *, expect: str | None = None) -> Any:
     elif isinstance(dotted, str) and _DOTTED.fullmatch(dotted):
         module_name, _, attr = dotted.partition(":")
     else:
-        raise ConfigError(f"{where} is neither a dotted path 'package.module:Name' nor a "
-                          "file's 'path/to/file.py:Name'")
+        raise ConfigError(f"{where} is not a dotted path of the form 'package.module:Name' "
+                          "(nor a file's 'path/to/file.py:Name')")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ModuleNotFoundError, or the module's own import failing

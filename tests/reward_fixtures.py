@@ -4,3 +4,8 @@ that need a learning signal use one that differs between any two responses."""
 
 def length_reward(response: str, answer: str) -> float:
     return len(response) / 50.0
+
+
+def zero(response: str, answer: str) -> float:
+    """The same reward for every response: nothing to learn from (issue 34, item 1)."""
+    return 0.0

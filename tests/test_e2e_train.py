@@ -288,10 +288,12 @@ def test_a_split_placement_on_too_few_devices_says_so(monkeypatch):
     from eddyrl.runtime.ray_placement import check_split_devices
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 1.0})
-    config = load_config(overrides=["platform=cpu"])
+    from eddyrl.resolved import runtime_settings
+
+    settings = runtime_settings(load_config(overrides=["platform=cpu"]))
     with pytest.raises(ConfigError, match=r"2 in all; this machine has 1\..*colocated"):
-        check_split_devices(config, {"train": "cuda", "rollout": "cuda"})
-    check_split_devices(config, {"train": "cpu", "rollout": "cpu"})  # CPU: no device count
+        check_split_devices(settings, {"train": "cuda", "rollout": "cuda"})
+    check_split_devices(settings, {"train": "cpu", "rollout": "cpu"})  # CPU: no device count
 
 
 @pytest.mark.slow

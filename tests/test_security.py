@@ -75,6 +75,7 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(monkeypatch):
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import start_ray
 
     if ray.is_initialized():
@@ -91,7 +92,7 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(monkeypatch):
     me = os.getpid()
     children_before = _descendants(me)
     own_before = _servers(me)  # the test process's own servers from before Ray, if any
-    start_ray(load_config(overrides=["platform=cpu"]))
+    start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
     try:
         actor = _Probe.remote()  # held: an actor without a handle ends, and its process too
         actor_pid = ray.get(actor.pid.remote(), timeout=60)

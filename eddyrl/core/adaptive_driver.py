@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime_protocol import PlannableRuntime
 from ..scheduler.adaptive import AdaptiveScheduler, Change, Decision, GenerationPlan
 from ..scheduler.plan_predictor import BucketLoad, PlanPredictor, StepObservation
 from .rollout import StreamingRollout
@@ -20,7 +21,7 @@ from .rollout import StreamingRollout
 
 @dataclass
 class AdaptiveDriver:
-    runtime: Any  # runtime.protocol.Runtime that is Plannable (eddyrl.build checks)
+    runtime: PlannableRuntime  # eddyrl.build checks it is Plannable
     rollout: StreamingRollout
     scheduler: AdaptiveScheduler
     rollout_group_size: int = 1  # requests per group (n_samples), for the pressure signal
@@ -42,10 +43,9 @@ class AdaptiveDriver:
         rollout_s = await self._rollout_busy_per_worker()
         if rollout_s <= 0:
             return None
-        assignment = self.rollout.assignment
-        serving = max(sum(assignment.available), 1)
+        serving = max(sum(self.rollout.serving()), 1)
         pressure = min(1.0, self.rollout.window.running * self.rollout_group_size /
-                       (serving * assignment.slots_per_worker))
+                       (serving * self.rollout.slots_per_worker))
         self.scheduler.observe(step, rollout_s, metrics["train_s"], pressure,
                                float(metrics.get("staleness_mean", 0.0)))
         if self.predictor is not None and metrics.get("response_len_max"):
@@ -83,8 +83,8 @@ class AdaptiveDriver:
         change against."""
         started = self.runtime.now()
         hosted = await self.runtime.configure_rollout(plan.concurrency, plan.partial_rollout)
-        self.rollout.partial_rollout = plan.partial_rollout
-        self.rollout.published(self.rollout.assignment.latest, hosted)
+        self.rollout.use_partial_rollout(plan.partial_rollout)
+        self.rollout.published(self.rollout.latest, hosted)
         if plan.layout and self.rollout.router is not None:
             self.rollout.router.set_layout(plan.layout)
         self.scheduler.record_reconfiguration_cost(self.runtime.now() - started)
@@ -100,7 +100,7 @@ class AdaptiveDriver:
         before, self._busy_before = self._busy_before, busy
         if before is None:
             return 0.0
-        return (busy - before) / max(sum(self.rollout.assignment.available), 1)
+        return (busy - before) / max(sum(self.rollout.serving()), 1)
 
     def report(self) -> dict[str, Any]:
         return {"events": list(self.events)}

@@ -13,7 +13,7 @@ from ..protocol import Group, TrainBatch
 def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
                       weights: list[float] | None = None) -> TrainBatch:
     """One row per trajectory: prompt + response, right-padded; log-probs and versions aligned
-    so that position t describes token t (see core/batch.py). The loss mask is the response's
+    so that position t describes token t (see `TrainBatch` in protocol.py). The loss mask is the response's
     own (`GenerationResult.loss_mask`: environment tokens of a multi-turn episode are 0, and
     like padding carry log-prob 0 and version -1 here). `weights` gives each group's loss
     weight (1 fresh, tau replayed); default 1."""

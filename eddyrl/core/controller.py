@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..protocol import Group, SamplingParams
-from ..tasks.prompts import Prompt, PromptQueue
+from ..tasks.prompts import Prompt, PromptQueue, PromptSet
 from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
+from .requests import Purpose
 from .rewarding import SafeReward
 from .rollout import StreamingRollout
 from .step_metrics import RolloutCounters, counters_since, rollout_metrics, step_record
@@ -35,7 +36,9 @@ from ..scheduler.elastic import ElasticConfig
 from ..scheduler.routing_config import RoutingConfig
 
 if TYPE_CHECKING:
-    from ..runtime.protocol import Runtime
+    from ..envs.hosting import EnvHost
+    from ..envs.loading import EnvironmentFactory
+    from ..runtime_protocol import Runtime
     from ..scheduler.cost_model import CostModel
 
 
@@ -59,9 +62,9 @@ class LoopSettings:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
-    # envs.loading.EnvironmentFactory: every response is a multi-turn episode in one of its
-    # environments (`env` config section); None: single-turn
-    env: Any = None
+    # every response is a multi-turn episode in one of its environments (`env` config
+    # section), hosted in a user-code pool (`EnvHost`) or inline; None: single-turn
+    env: EnvironmentFactory | EnvHost | None = None
     # the platform each role runs on, by name: recorded in checkpoints (run_state.py)
     platforms: dict[str, str] = field(default_factory=dict)
 
@@ -76,8 +79,8 @@ class Controller:
     window: VersionWindow
     replay: ReplayBuffer
     prompt_queue: PromptQueue
-    train_prompts: Any  # tasks.prompts.PromptSet
-    eval_prompts: Any
+    train_prompts: PromptSet
+    eval_prompts: PromptSet
     reward: SafeReward
     # Libra's elastic pool (with the adaptive driver inside), or `NoElastic` (which still
     # drives the adaptive scheduler's plans when that is on)
@@ -103,6 +106,19 @@ class Controller:
     def version(self) -> int:
         """The trainer's policy version: the number of training steps taken."""
         return self.window.version
+
+    def state(self) -> dict[str, int]:
+        """The loop's own part of a checkpoint (`run_state.py` takes the rest from its
+        collaborators): the id the next new group gets."""
+        next_id = next(self._ids)  # a count cannot be read without taking a value: put it back
+        self._ids = itertools.count(next_id)
+        return {"next_group_id": next_id}
+
+    def restore(self, state: dict[str, int], requeued: list[Group]) -> None:
+        """Go on from `state`; `requeued`: groups a resume hands back (their output was not
+        kept), generated again before any new prompt."""
+        self._ids = itertools.count(state["next_group_id"])
+        self._requeued.extend(requeued)
 
     async def run(self) -> dict[str, Any]:
         """Steps up to `loop.steps`; a controller restored from a checkpoint (`run_state`)
@@ -225,14 +241,14 @@ class Controller:
         otherwise; then, with `window.fill_legacy`, fill free slots of workers still busy
         with a legacy version with new prompts of that version, where their deadline allows
         (DORA's opportunistic fill)."""
-        if self.rollout.assignment.latest != self.window.version:
+        if self.rollout.latest != self.window.version:
             return  # a step has advanced the version; its weights are not on the workers yet
         n = self.settings.n_samples
         while count := self._dispatchable_groups():
             self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling)
         if not self.settings.window.fill_legacy or self.rollout.partial_rollout:
             return
-        for worker, version, free_slots in self.rollout.assignment.legacy_room():
+        for worker, version, free_slots in self.rollout.legacy_room():
             count = min(free_slots // n, self.window.capacity(version))
             if count > 0:
                 self.rollout.dispatch(self._queue_groups(count), n, self.settings.sampling,
@@ -266,7 +282,7 @@ class Controller:
                 break
             groups = self._queue_groups(self.fresh_per_step - len(kept))
             await self.rollout.generate_now(groups, self.settings.n_samples,
-                                            self.settings.sampling, track=True)
+                                            self.settings.sampling, Purpose.REFILL)
             generated += groups
             kept += self._drop_uninformative(groups)
         return kept, rollout_metrics(generated, self.reward.errors)
@@ -293,7 +309,7 @@ class Controller:
         episodes = self.rollout.episodes
         env_before = episodes.eval_stats.metrics("eval_env/")
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
-                                                 sampling, track=False)
+                                                 sampling, Purpose.EVAL)
         rewards = [g.trajectories[0].reward for g in groups]
         env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before)
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),

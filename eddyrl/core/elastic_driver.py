@@ -10,10 +10,11 @@ At each step boundary the driver
 3. names the joined replicas whose gradients count in the next step (`replicas`).
 
 Nothing here makes a step wait for a worker to be lent or given back (Libra's "worker
-migration"; in Eddy migration is only a request's move, `migration.py`). What takes time — sleeping an engine and
-building a replica, waking it and loading weights — runs as background tasks whose results
-are picked up at a later boundary; the state fetch is the weight sync every rollout worker gets
-anyway. On the critical path are only cheap queries (a replica's weight version).
+migration"; in Eddy migration is only a request's move, `moves.py`). What takes time —
+sleeping an engine and building a replica, waking it and loading weights — runs as background
+tasks whose results are picked up at a later boundary; the state fetch is the weight sync every
+rollout worker gets anyway. On the critical path are only cheap queries (a replica's weight
+version).
 
 Pool ids: rollout worker i is id i; trainer rank r (a core replica, never moved) is
 id num_rollout_workers + r.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..runtime_protocol import ElasticRuntime
 from ..scheduler.adaptive import Change
 from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
 from .adaptive_driver import AdaptiveDriver, NoAdaptive
@@ -55,7 +57,7 @@ def parse_schedule(entries: list[str], rollout_workers: int) -> dict[int, list[t
 
 @dataclass
 class ElasticDriver:
-    runtime: Any  # runtime.protocol.Runtime that is Elastic (eddyrl.build checks)
+    runtime: ElasticRuntime  # eddyrl.build checks it is Elastic
     rollout: StreamingRollout
     pool: ElasticPool
     schedule: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
@@ -66,7 +68,7 @@ class ElasticDriver:
 
     @property
     def num_rollout(self) -> int:
-        return len(self.rollout.assignment.available)
+        return self.rollout.num_workers
 
     def replicas(self) -> list[int]:
         """Rollout workers whose replica gradients count in the next step."""
@@ -124,7 +126,7 @@ class ElasticDriver:
         and the run goes on."""
         event = {"step": self.pool.step, "worker": worker, "request": verb, "reason": reason}
         self.events.append(event)
-        serving = self.rollout.assignment.available
+        serving = self.rollout.serving()
         if verb == "join" and serving[worker] and sum(serving) <= 1:
             # the pool counts workers, not the lost ones still being replaced: the rollout does
             event["refused"] = (f"rollout worker {worker} is the only one serving now (the "

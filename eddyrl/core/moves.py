@@ -19,14 +19,19 @@ transition of the request table (`core/requests.py`), which keeps the counts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import WorkerLost
-from ..protocol import GenerationResult
+from ..protocol import GenerationResult, ToolState
+from ..runtime_protocol import Recoverable, Runtime
+from .ledger import Ledger
 from .placement import GroupPlacement, RoutedPlacement
 from .requests import Request, RequestTable, Status
 from .streams import Streams
 from .version_assignment import VersionAssignment
+
+if TYPE_CHECKING:  # annotations only: episodes.py brings in the environments
+    from .episodes import Episodes, NoEpisodes
 
 LOST = "worker_lost"  # the reason a lost worker's requests restart (ledger, episode metrics)
 
@@ -36,7 +41,7 @@ class CannotReplace(Exception):
 
 
 class NoRecovery:
-    """The recovery of a runtime that is not `runtime.protocol.Recoverable`: a lost worker
+    """The recovery of a runtime that is not `runtime_protocol.Recoverable`: a lost worker
     ends the run, named."""
 
     async def replace_worker(self, worker: int) -> int:
@@ -44,17 +49,20 @@ class NoRecovery:
 
 
 class Moves:
-    def __init__(self, runtime: Any, assignment: VersionAssignment, streams: Streams,
-                 placement: GroupPlacement | RoutedPlacement, episodes: Any, ledger: Any,
-                 recovery: Any, *, partial_rollout: bool, migrate: bool) -> None:
+    def __init__(self, runtime: Runtime, assignment: VersionAssignment, table: RequestTable,
+                 streams: Streams,
+                 placement: GroupPlacement | RoutedPlacement,
+                 episodes: Episodes | NoEpisodes, ledger: Ledger,
+                 recovery: Recoverable | NoRecovery, *, partial_rollout: bool,
+                 migrate: bool) -> None:
         self.runtime = runtime
         self.assignment = assignment
-        self.table: RequestTable = assignment.requests
+        self.table = table  # the rollout's, which the assignment follows too
         self.streams = streams
         self.placement = placement
-        self.episodes = episodes  # Episodes or NoEpisodes: an episode restarts fresh
+        self.episodes = episodes  # an episode restarts fresh
         self.ledger = ledger
-        self.recovery = recovery  # runtime.protocol.Recoverable, or NoRecovery
+        self.recovery = recovery
         self.partial_rollout = partial_rollout
         self.migrate = migrate
         self.workers_lost = 0
@@ -72,6 +80,10 @@ class Moves:
         for worker in [w for w, v in self._replaced.items() if v <= version]:
             self.replacing.discard(worker)  # replaced with weights this rollout now knows
             self.take_back(worker, max(self._replaced.pop(worker), hosted[worker]))
+
+    def use_partial_rollout(self, on: bool) -> None:
+        """Partial rollout on or off from now on (the adaptive scheduler's plan switched it)."""
+        self.partial_rollout = on
 
     def holding(self) -> list[int]:
         """Workers whose hosted weights episodes between turns will come back for: a weight
@@ -127,8 +139,7 @@ class Moves:
     def take_back(self, worker: int, hosted_version: int) -> None:
         """`worker` is a rollout worker again, hosting `hosted_version`; requests waiting for
         any worker (all were lost) start now."""
-        self.assignment.hosted[worker] = hosted_version
-        self.assignment.set_available(worker, True)
+        self.assignment.take_back(worker, hosted_version)
         for request in self.table.with_status(Status.PARKED):
             self._place(request)
 
@@ -144,7 +155,7 @@ class Moves:
         (all lost), it waits for a replacement (`take_back`)."""
         self.table.restart(request.id, reason)
         if request.episode is not None:  # an episode restarts too, in a fresh environment
-            self.streams.track(self.streams.guarded(self.episodes.close(request.episode)))
+            self.streams.start_task(self.streams.guarded(self.episodes.close(request.episode)))
             request.episode = self.episodes.restart(request.episode, reason)
         self.placement.cancel(request.id)
         self._place(request)
@@ -187,6 +198,28 @@ class Moves:
         hosts = self.allowed_targets(request)
         return min(hosts, key=lambda w: (self.table.load(w), w)) if hosts else None
 
+    # -- an episode between turns ----------------------------------------------------------------
+
+    def next_turn_worker(self, request: Request) -> int | None:
+        """C1 between turns: the next turn stays on its worker if that is still available (not
+        lost, not lent to training) and hosts the episode's version (or the version is the
+        latest, which the worker switches to); else it goes to another host of the version.
+        None: no host left (the episode starts over on the latest version)."""
+        worker, assignment = request.worker, self.assignment
+        if assignment.available[worker] and (
+                self.partial_rollout
+                or request.version in (assignment.hosted[worker], assignment.latest)):
+            return worker
+        return self.nearest_host(request)
+
+    def tool_returned(self, request: Request, state: ToolState, tokens: int) -> None:
+        """Libra: a tool returned `state` after `tokens` output tokens; the placement records
+        it and may send the request's next turn to another bucket (nothing runs: no abort)."""
+        allowed = self.allowed_targets(request) or [request.worker]  # record only
+        target = self.placement.tool_state(request.id, state, tokens, allowed)
+        if target is not None and target != request.worker:
+            self.table.move_between_turns(request.id, target, "tool_state")
+
     # -- resumes -------------------------------------------------------------------------------
 
     def resume(self, request: Request, partial: GenerationResult) -> None:
@@ -228,12 +261,16 @@ class Moves:
         groups: dict[str, Request] = {}
         for request in victims:
             self.restart(request, LOST)
-            if request.track:
+            # Every group the ledger follows records the loss: a synchronous refill's group
+            # too (`generate_now` started it there, its samples are trained), not only a
+            # dispatched one's; the ledger's contract is that a group whose worker failed
+            # goes back to QUEUED and starts again. Evaluation groups are in no ledger.
+            if request.purpose.in_ledger:
                 groups[request.group.group_id] = request
         for group_id, request in groups.items():
             self.ledger.requeue(group_id, f"rollout worker {worker} lost: {reason}")
             self.ledger.start(group_id, request.worker, request.group.dispatch_version)
-        self.streams.track(self._replace(worker, reason))
+        self.streams.start_task(self._replace(worker, reason))
 
     async def _replace(self, worker: int, reason: str) -> None:
         """Have the runtime start a new process for `worker`; it comes back with the weights

@@ -15,9 +15,9 @@ lent): the request waits, parked, for one to come back.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..protocol import ToolState
 from ..scheduler.buckets import BucketRouter
+from .requests import RequestTable
 from .version_assignment import VersionAssignment
 
 
@@ -44,7 +44,7 @@ class GroupPlacement:
     def progress(self, request_id: str, tokens: int, allowed: list[int]) -> int | None:
         return None
 
-    def tool_state(self, request_id: str, state: Any, tokens: int,
+    def tool_state(self, request_id: str, state: ToolState, tokens: int,
                    allowed: list[int]) -> int | None:
         return None
 
@@ -57,10 +57,11 @@ class GroupPlacement:
 
 
 class RoutedPlacement:
-    def __init__(self, assignment: VersionAssignment, router: BucketRouter) -> None:
+    def __init__(self, assignment: VersionAssignment, router: BucketRouter,
+                 table: RequestTable) -> None:
         self.assignment = assignment
         self.router = router
-        router.follow(assignment.requests)
+        router.follow(table)  # the rollout's: placements and connections
         config = router.config
         self.report_at = tuple(config.milestones) if config.policy == "bucket" else ()
 
@@ -82,7 +83,7 @@ class RoutedPlacement:
         move = self.router.on_progress(request_id, tokens, allowed)
         return None if move is None else move.target.instance
 
-    def tool_state(self, request_id: str, state: Any, tokens: int,
+    def tool_state(self, request_id: str, state: ToolState, tokens: int,
                    allowed: list[int]) -> int | None:
         move = self.router.on_state(request_id, state, tokens, allowed)
         return None if move is None else move.target.instance

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import Group
 from ..validation import check_range, contradiction
 
 
@@ -55,7 +56,7 @@ class ReplayConfig:
 
 @dataclass(slots=True)
 class _Entry:
-    group: Any
+    group: Group
     behaviour_version: int
     informative: bool
     order: int  # insertion order: the FIFO tie-break
@@ -77,7 +78,7 @@ class ReplayBuffer:
     def __contains__(self, group_id: str) -> bool:
         return group_id in self._entries
 
-    def add(self, group: Any, behaviour_version: int, informative: bool) -> bool:
+    def add(self, group: Group, behaviour_version: int, informative: bool) -> bool:
         """Keep a group after its fresh use. Returns False (keeps nothing) when replay is off,
         so the caller can end the group's life (`Ledger.finish`). When full, the oldest group
         (lowest behaviour version, then first added) is evicted: it is closest to the lag
@@ -102,7 +103,7 @@ class ReplayBuffer:
         """Fresh groups in a batch of `batch_groups`: the rest (ReFlow: (1 - σ)·B)."""
         return batch_groups - self.replay_slots(batch_groups)
 
-    def select(self, batch_groups: int, trainer_version: int) -> list[tuple[Any, float]]:
+    def select(self, batch_groups: int, trainer_version: int) -> list[tuple[Group, float]]:
         """Groups to replay in a batch of `batch_groups`, each with its loss weight τ. A group
         returned for its last allowed reuse is also evicted ("reuse"): record the replays in
         the ledger before the evictions from `evicted_since_last`."""

@@ -30,7 +30,12 @@ assignment's rule: the table asks its `book` (`check_place`) before a request en
 and tells it (`worker_changed`) after the work on a worker changed, so that the book's hosted
 versions follow the engines' (a worker switches to the latest weights when its legacy work
 drains). Transition counts (`events`, "transition:why") are the rollout's counters: moves,
-restarts by reason; `counted(transition)` sums one transition's.
+restarts by reason; `counted(transition)` sums one transition's. The rollout creates the table
+(with the assignment as its book) and hands it to the assignment, placement, moves and turns.
+
+A request's `purpose` says where its result goes: TRAIN (a dispatched group: the store, the
+version window, the ledger), REFILL (a synchronous refill: the ledger only) or EVAL (held-out
+evaluation: none of them).
 """
 
 from __future__ import annotations
@@ -39,9 +44,32 @@ import enum
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from ..protocol import Group, SamplingParams
+
+if TYPE_CHECKING:  # annotations only: episodes.py brings in the environments
+    from .episodes import EpisodeRun
 
 HISTORY = 12  # transitions kept per request, for the error an illegal one raises
+
+
+class Purpose(enum.Enum):
+    """Why a request is generated, which says where its result goes."""
+
+    TRAIN = "train"  # a dispatched group: into the store and version window, and the ledger
+    REFILL = "refill"  # a synchronous refill (`generate_now`): the ledger only, then trained
+    EVAL = "eval"  # held-out evaluation: none of them, never trained
+
+    @property
+    def stored(self) -> bool:
+        """Its result goes into the experience store and its group through the window."""
+        return self is Purpose.TRAIN
+
+    @property
+    def in_ledger(self) -> bool:
+        """Its group is in the ledger (training data of either kind)."""
+        return self is not Purpose.EVAL
 
 
 class Status(enum.Enum):
@@ -99,12 +127,12 @@ class Request:
     `RequestTable`; the rest is the request's own data."""
 
     id: str
-    group: Any  # protocol.Group
+    group: Group
     sample: int
-    sampling: Any  # protocol.SamplingParams
-    track: bool  # training data (store, window, ledger) or evaluation (none of them)
+    sampling: SamplingParams
+    purpose: Purpose
     priority: int  # the group's dispatch order: engines run older groups first
-    episode: Any = None  # episodes.EpisodeRun: multi-turn, its transcript and environment
+    episode: EpisodeRun | None = None  # multi-turn: its transcript and environment
     status: Status | None = None
     worker: int | None = None
     version: int = 0
@@ -115,7 +143,6 @@ class Request:
     # it carries generated tokens (resumed from a partial output or a transcript): its version
     # is fixed (C1); a fresh one may still start on newer weights (`relabel`)
     resumed: bool = False
-    evaluation: bool = False  # a held-out evaluation request (never trained)
     history: list[str] = field(default_factory=list)
 
     def runs_on(self, worker: int) -> bool:

@@ -5,8 +5,9 @@ allows. Time-agnostic like the controller: it awaits only the runtime.
 Who decides what:
 - the version window: how many groups may be in flight, at which version, and which collected
   groups form the next batch (staleness <= K);
-- the request table (`requests.py`, inside the assignment): where every request is — one
-  record, one status, one worker, one version; every count below is the table's;
+- the request table (`requests.py`; this rollout creates it and hands it to the others):
+  where every request is — one record, one status, one worker, one version; every count
+  below is the table's;
 - the assignment: which workers may run a request (one version per worker at a time) and
   which running requests migrate so that a legacy version's tail holds as few workers as
   possible;
@@ -31,16 +32,17 @@ import asyncio
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ..errors import WorkerLost
 from ..protocol import GenerationResult, Group, SamplingParams, Trajectory
+from ..runtime_protocol import Recoverable, Runtime
 from ..scheduler.buckets import BucketRouter
 from .episodes import Episodes, NoEpisodes
 from .ledger import Ledger
 from .moves import Moves, NoRecovery
 from .placement import GroupPlacement, RoutedPlacement
-from .requests import Request, RequestTable
+from .requests import Purpose, Request, RequestTable
 from .rewarding import SafeReward
 from .store import ExperienceStore
 from .streams import Streams
@@ -54,7 +56,7 @@ NEEDED = ("response", "reward")
 
 @dataclass
 class StreamingRollout:
-    runtime: Any  # runtime.protocol.Runtime
+    runtime: Runtime
     window: VersionWindow
     assignment: VersionAssignment
     ledger: Ledger
@@ -69,7 +71,7 @@ class StreamingRollout:
     episodes: Episodes | NoEpisodes = field(default_factory=NoEpisodes)
     # replaces lost workers: the runtime when it is `Recoverable` (eddyrl.build), else a
     # stand-in under which a lost worker ends the run
-    recovery: Any = field(default_factory=NoRecovery)
+    recovery: Recoverable | NoRecovery = field(default_factory=NoRecovery)
     store: ExperienceStore = field(default_factory=ExperienceStore)
 
     def __post_init__(self) -> None:
@@ -80,18 +82,22 @@ class StreamingRollout:
         # with a router: lengths of the training requests that finished in each bucket since
         # the adaptive scheduler last looked (`take_bucket_lengths`); None until it looks
         self._bucket_lengths: dict[str, list[int]] | None = None
+        # where every request is: this rollout's, handed to the assignment (its book, C1),
+        # the placement, moves and turns
+        self.table = RequestTable(self.assignment.num_workers, book=self.assignment)
+        self.assignment.follow(self.table)
         self.streams = Streams(self.runtime, self._on_result, self._on_lost)
         self._wire(self.router)
 
     def _wire(self, router: BucketRouter | None) -> None:
         placement = GroupPlacement(self.assignment) if router is None \
-            else RoutedPlacement(self.assignment, router)
+            else RoutedPlacement(self.assignment, router, self.table)
         self.placement = placement
         self.streams.report_at = placement.report_at
-        self.moves = Moves(self.runtime, self.assignment, self.streams, placement,
+        self.moves = Moves(self.runtime, self.assignment, self.table, self.streams, placement,
                            self.episodes, self.ledger, self.recovery,
                            partial_rollout=self.partial_rollout, migrate=self.migrate)
-        self.turns = Turns(self.moves, self.streams, self.episodes, self._complete)
+        self.turns = Turns(self.table, self.moves, self.streams, self.episodes, self._complete)
 
     def use_router(self, router: BucketRouter | None) -> None:
         """Route with `router` (None: no routing) from now on; only before the first request,
@@ -101,11 +107,13 @@ class StreamingRollout:
         self.router = router
         self._wire(router)
 
-    # -- what others read ----------------------------------------------------------------------
+    def use_partial_rollout(self, on: bool) -> None:
+        """The adaptive scheduler's plan switched partial rollout (the engines follow it from
+        their next weights): results and moves follow it from now on."""
+        self.partial_rollout = on
+        self.moves.use_partial_rollout(on)
 
-    @property
-    def table(self) -> RequestTable:
-        return self.assignment.requests
+    # -- what others read ----------------------------------------------------------------------
 
     @property
     def migrated(self) -> int:
@@ -141,6 +149,29 @@ class StreamingRollout:
     def workers_lost(self) -> int:
         return self.moves.workers_lost
 
+    @property
+    def num_workers(self) -> int:
+        return self.assignment.num_workers
+
+    @property
+    def slots_per_worker(self) -> int:
+        """Requests one worker decodes together."""
+        return self.assignment.slots_per_worker
+
+    @property
+    def latest(self) -> int:
+        """The newest version the workers were told of (`published`)."""
+        return self.assignment.latest
+
+    def serving(self) -> list[bool]:
+        """Per worker: whether it takes rollout work now (not lent to training, not lost)."""
+        return list(self.assignment.available)
+
+    def legacy_room(self) -> list[tuple[int, int, int]]:
+        """(worker, legacy version, free request slots): where DORA's opportunistic fill may
+        add new prompts of that version."""
+        return self.assignment.legacy_room()
+
     # -- moves and workers (the controller's and the drivers' calls) ---------------------------
 
     def published(self, version: int, hosted: list[int]) -> None:
@@ -174,21 +205,25 @@ class StreamingRollout:
             group.dispatch_version = self.window.dispatch(group.group_id, version)
             self._rows[group.group_id] = self.store.add_group(
                 group.group_id, n, meta={"group": group})
-            target = self._add(group, n, sampling, True, worker)
+            target = self._add(group, n, sampling, Purpose.TRAIN, worker)
             self.ledger.start(group.group_id, target, group.dispatch_version)
         self.streams.flush_sends()
 
     async def generate_now(self, groups: list[Group], n: int, sampling: SamplingParams,
-                           track: bool) -> list[Group]:
-        """Generate `n` responses per group on the latest version and wait for them: held-out
-        evaluation (untracked) and synchronous refills (tracked in the ledger only)."""
+                           purpose: Purpose) -> list[Group]:
+        """Generate `n` responses per group on the latest version and wait for them, outside
+        the store and the window: held-out evaluation (`EVAL`, in no ledger) and synchronous
+        refills (`REFILL`, in the ledger)."""
+        if purpose.stored:
+            raise ValueError(f"generate_now is for refills and evaluation, not {purpose}: "
+                             "training groups are dispatched")
         loop = asyncio.get_running_loop()
         for group in groups:
             group.dispatch_version = self.assignment.latest
             self._waiters[group.group_id] = loop.create_future()
             self._expected[group.group_id] = n
-            target = self._add(group, n, sampling, False, None, training=track)
-            if track:
+            target = self._add(group, n, sampling, purpose, None)
+            if purpose.in_ledger:
                 self.ledger.start(group.group_id, target, group.dispatch_version)
         self.streams.flush_sends()
         await self.streams.wait([self._waiters[g.group_id] for g in groups])
@@ -196,12 +231,12 @@ class StreamingRollout:
             del self._waiters[group.group_id], self._expected[group.group_id]
             self.table.forget([f"{group.group_id}-{i}" for i in range(n)])
             _sort_samples(group)
-            if track:
+            if purpose.in_ledger:
                 self.ledger.collect(group.group_id)
         return groups
 
-    def _add(self, group: Group, n: int, sampling: SamplingParams, track: bool,
-             worker: int | None, training: bool = True) -> int | None:
+    def _add(self, group: Group, n: int, sampling: SamplingParams, purpose: Purpose,
+             worker: int | None) -> int | None:
         """Add the group's `n` requests to the table where the placement puts them (parked
         when no worker can take them now) and batch them per worker; returns the first one's
         worker."""
@@ -213,9 +248,10 @@ class StreamingRollout:
             target = self.placement.place(request_id, group.prompt, version, worker, first)
             first = target if sample == 0 else first
             request = self.table.add(Request(
-                request_id, group, sample, sampling, track, priority,
-                episode=self.episodes.start(sampling.max_new_tokens, training),
-                evaluation=not training), target, version)
+                request_id, group, sample, sampling, purpose, priority,
+                episode=self.episodes.start(sampling.max_new_tokens,
+                                            training=purpose is not Purpose.EVAL)),
+                target, version)
             if target is not None:
                 self.streams.send(request)
         return first
@@ -278,14 +314,15 @@ class StreamingRollout:
                   reward: float | None) -> None:
         """A response is complete: free its place at once, store the response (producer 1),
         and score it off this call (producer 2, unless its environment gave the reward)."""
-        bucket = self.placement.finished(request.id, len(result.token_ids), request.track)
-        if bucket is not None and request.track and self._bucket_lengths is not None:
+        learn = request.purpose is Purpose.TRAIN  # the router learns from dispatched groups
+        bucket = self.placement.finished(request.id, len(result.token_ids), learn)
+        if bucket is not None and learn and self._bucket_lengths is not None:
             self._bucket_lengths.setdefault(bucket, []).append(len(result.token_ids))
         self.table.score(request.id)
-        if request.track:
+        if request.purpose.stored:
             self.store.put(self._rows[request.group.group_id][request.sample], "response",
                            result)
-        self.streams.track(self.streams.guarded(self._score(request, result, reward)))
+        self.streams.start_task(self.streams.guarded(self._score(request, result, reward)))
 
     async def _score(self, request: Request, result: GenerationResult,
                      reward: float | None) -> None:
@@ -298,7 +335,7 @@ class StreamingRollout:
         else:
             error = None
         self.table.finish(request.id)
-        if not request.track:
+        if not request.purpose.stored:  # a refill or an evaluation: its caller waits
             group.trajectories.append(Trajectory(result, reward, error))
             if len(group.trajectories) == self._expected[group.group_id]:
                 self._waiters[group.group_id].set_result(None)

@@ -18,7 +18,6 @@ starts in rollout), and the environments' counters.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from dataclasses import dataclass, fields
@@ -63,15 +62,14 @@ def capture(controller) -> RunState:
     groups, tensors = _pack_groups([entry["group"] for entry in replay["entries"]])
     replay["entries"] = [{**entry, "group": group}
                          for entry, group in zip(replay["entries"], groups)]
-    next_id = next(controller._ids)  # a count cannot be read without taking a value: put it back
-    controller._ids = itertools.count(next_id)
     version, internal, gauss = random.getstate()
     tensors["rng.torch"] = torch.get_rng_state()
     meta = {"format": FORMAT, "step": controller.history[-1]["step"],
             "seed": controller.settings.seed,
             "data": {"fingerprint": controller.train_prompts.fingerprint,
                      **controller.prompt_queue.state()},
-            "window": controller.window.state(), "replay": replay, "next_group_id": next_id,
+            "window": controller.window.state(), "replay": replay,
+            "next_group_id": controller.state()["next_group_id"],
             "reward_errors": controller.reward.errors, "history": list(controller.history),
             "rng": {"python": [version, list(internal), gauss]},
             "platforms": dict(controller.settings.platforms)}
@@ -203,13 +201,14 @@ def restore(controller, state: RunState) -> list[str]:
     controller.replay.restore({**meta["replay"], "entries": [
         {**entry, "group": group} for entry, group in zip(meta["replay"]["entries"], groups)]})
     controller.prompt_queue.restore(meta["data"])
-    controller._ids = itertools.count(meta["next_group_id"])
     controller.reward.errors = meta["reward_errors"]
     controller.history[:] = meta["history"]
     version, internal, gauss = meta["rng"]["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state.tensors["rng.torch"])
-    return _requeue_unfinished(controller, state)
+    requeued = _requeue_unfinished(controller, state)
+    controller.restore({"next_group_id": meta["next_group_id"]}, requeued)
+    return [group.group_id for group in requeued]
 
 
 def _check_same_data(controller, state: RunState) -> None:
@@ -219,9 +218,9 @@ def _check_same_data(controller, state: RunState) -> None:
                      prompts=len(controller.train_prompts.prompts))
 
 
-def _requeue_unfinished(controller, state: RunState) -> list[str]:
-    """Groups not trained at the checkpoint go back to the queue, in the order they were
-    first queued, ahead of any new prompt."""
+def _requeue_unfinished(controller, state: RunState) -> list[Group]:
+    """Groups not trained at the checkpoint, to go back to the queue in the order they were
+    first queued, ahead of any new prompt (their ledger records say so)."""
     requeued = []
     for group_id, record in state.ledger["groups"].items():
         last = State(record["history"][-1]["state"])
@@ -232,9 +231,8 @@ def _requeue_unfinished(controller, state: RunState) -> list[str]:
                 group_id, f"resumed from the checkpoint of step {state.step}, which does not "
                 "keep untrained output: generated again")
         prompt = controller.train_prompts.prompts[record["prompt_index"]]
-        controller._requeued.append(Group(group_id, prompt.prompt, prompt.answer,
-                                          list(prompt.prompt_ids), controller.version))
-        requeued.append(group_id)
+        requeued.append(Group(group_id, prompt.prompt, prompt.answer,
+                              list(prompt.prompt_ids), controller.version))
     return requeued
 
 

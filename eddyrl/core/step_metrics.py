@@ -4,9 +4,12 @@ over it, and its timings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import Group
+
+if TYPE_CHECKING:  # annotations only: the metrics stay a leaf below the rollout
+    from .rollout import StreamingRollout
 
 
 def counters_since(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -41,7 +44,7 @@ class RolloutCounters:
     env: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def of(cls, rollout: Any) -> RolloutCounters:
+    def of(cls, rollout: StreamingRollout) -> RolloutCounters:
         env = rollout.episodes.stats.metrics()
         return cls(rollout.migrated, rollout.restarted, rollout.workers_lost,
                    rollout.regenerated, rollout.routed, tuple(env.items()))

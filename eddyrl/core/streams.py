@@ -21,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from ..errors import WorkerLost
 from ..protocol import GenerationRequest, GenerationResult
-from .requests import Request
+from ..runtime_protocol import Runtime
+from .requests import Purpose, Request
 
 log = logging.getLogger("eddyrl.rollout")
 
 
 class Streams:
-    def __init__(self, runtime: Any, on_result: Callable[[int, GenerationResult], None],
+    def __init__(self, runtime: Runtime, on_result: Callable[[int, GenerationResult], None],
                  on_lost: Callable[[int, WorkerLost], None],
                  report_at: tuple[int, ...] = ()) -> None:
         self.runtime = runtime
@@ -66,7 +67,8 @@ class Streams:
     def engine_request(self, request: Request, partial: GenerationResult | None = None
                        ) -> GenerationRequest:
         group = request.group
-        purpose = "eval" if request.evaluation else "train"
+        # the engine's trace tells evaluation from generation for training (refills are that)
+        purpose = "eval" if request.purpose is Purpose.EVAL else "train"
         if partial is None:
             return GenerationRequest(request.id, group.prompt_ids, request.sampling,
                                      version=request.version, report_at=self.report_at,
@@ -101,10 +103,10 @@ class Streams:
             # And per purpose, so that a trace tells evaluation from generation.
             calls: dict[tuple[int, bool], list[GenerationRequest]] = {}
             for request, partial in batch:
-                calls.setdefault((request.version, request.evaluation), []).append(
+                calls.setdefault((request.version, request.purpose is Purpose.EVAL), []).append(
                     self.engine_request(request, partial))
             for requests in calls.values():
-                self.track(self._stream(worker, requests))
+                self.start_task(self._stream(worker, requests))
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -116,7 +118,7 @@ class Streams:
         self.flush_sends()
         aborts, self._aborts = self._aborts, {}
         for worker, ids in aborts.items():
-            self.track(self._abort_on(worker, ids))
+            self.start_task(self._abort_on(worker, ids))
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -172,7 +174,9 @@ class Streams:
 
     # -- tasks, failures, waiting ----------------------------------------------------------
 
-    def track(self, coroutine: Awaitable) -> None:
+    def start_task(self, coroutine: Awaitable) -> None:
+        """Run `coroutine` in the background; `drain` waits for it (wrap it in `guarded` to
+        surface its failure)."""
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

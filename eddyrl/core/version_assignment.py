@@ -15,20 +15,22 @@ hold many workers back from the new one:
   the latest version or can switch to it at once, legacy requests to a host of their version.
 - `legacy_room` lists legacy hosts with free slots, which DORA fills opportunistically with
   new prompts of that version (the version window decides whether the deadline allows it).
-- Multi-turn episodes between turns (`paused` .. `resumed`: their environment works) stay
-  counted on their worker as their version's live work (DORA retires a version only when all
-  its trajectories are collected), but the engine does not see them: once its running
+- Multi-turn episodes between turns (the table's `pause` .. `resume`: their environment works)
+  stay counted on their worker as their version's live work (DORA retires a version only when
+  all its trajectories are collected), but the engine does not see them: once its running
   requests drain it takes newer weights as soon as a newer request arrives. So `pick` sends
   new-version requests to a worker whose legacy weights such episodes wait for only when no
   other worker is available, and the book follows the engine: a worker switches when its
   running legacy requests drain, and episodes stranded on it move to another host of their
   version (`plan`, or the rollout at their next turn) or, when none is left, start over.
 
-The controller reports what happens (`dispatched`, `finished`, `loaded`); nothing here waits,
-so the runtime and the simulator drive the same object. The worker side of the contract: an
-engine never leaves the version it hosts on its own; it switches to staged weights only when a
-request for a newer version arrives (after its running requests drain), and such a request runs
-on the newest weights staged by the time it starts, which `published` mirrors.
+The rollout tells it what happens (`moves.py`: weights published, KV use observed, a worker
+lent, lost or back) and the request table asks and tells it as requests change (`check_place`,
+`worker_changed`); nothing here waits, so the runtime and the simulator drive the same object.
+The worker side of the contract: an engine never leaves the version it hosts on its own; it
+switches to staged weights only when a request for a newer version arrives (after its running
+requests drain), and such a request runs on the newest weights staged by the time it starts,
+which `published` mirrors.
 """
 
 from __future__ import annotations
@@ -63,10 +65,24 @@ class VersionAssignment:
         self.slots_per_worker = slots_per_worker
         self.latest = 0
         self.hosted = [0] * num_workers  # version each worker's loaded weights carry
-        # where every request is: the counts below are the table's, kept by it alone
-        self.requests = RequestTable(num_workers, self)
         self.available = [True] * num_workers  # False: lent to training (elastic pool)
         self.kv_usage = [0.0] * num_workers  # KV cache in use, fraction (last report)
+        self._requests: RequestTable | None = None  # the rollout's (`follow`)
+
+    def follow(self, table: RequestTable) -> None:
+        """Read where every request is from `table`, which the rollout owns and which has
+        this assignment as its book (its counts are the table's, kept by it alone)."""
+        if table.num_workers != self.num_workers:
+            raise ValueError(f"a table of {table.num_workers} workers for an assignment of "
+                             f"{self.num_workers}")
+        self._requests = table
+
+    @property
+    def requests(self) -> RequestTable:
+        if self._requests is None:
+            raise RuntimeError("the version assignment follows no request table yet "
+                               "(`follow`: the rollout hands it its table)")
+        return self._requests
 
     @property
     def pending(self) -> list[Counter[int]]:
@@ -138,6 +154,12 @@ class VersionAssignment:
         if len(usage) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} KV usages, got {len(usage)}")
         self.kv_usage = [float(u) for u in usage]
+
+    def take_back(self, worker: int, hosted_version: int) -> None:
+        """`worker` is a rollout worker again (back from training, or replaced), with the
+        weights of `hosted_version` loaded."""
+        self.hosted[worker] = hosted_version
+        self.set_available(worker, True)
 
     def set_available(self, worker: int, available: bool, *, lost: bool = False) -> None:
         """Lend a worker to training (no new requests; `plan` evacuates its running ones) or

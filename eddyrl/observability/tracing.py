@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from ..core.rewarding import SafeReward
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
-from ..runtime.protocol import Checkpointable, Elastic, Plannable, Recoverable, capabilities
+from ..runtime_protocol import Checkpointable, Elastic, Plannable, Recoverable, capabilities
 from .trace import Trace
 
 # Most significant first: a worker loading weights while its stream is open is drawn as
@@ -81,7 +81,7 @@ class Track:
 
 
 class TracingRuntime:
-    """The runtime protocol (`runtime.protocol.Runtime`), passed through to `runtime`, with each
+    """The runtime protocol (`runtime_protocol.Runtime`), passed through to `runtime`, with each
     worker's activity recorded in `trace` (seconds since `origin`, on the runtime's clock).
 
     Every call is forwarded explicitly, and the wrapper has exactly the capabilities of the

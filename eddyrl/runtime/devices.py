@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ..hal import Platform, get_platform
-from .placement import ROLES, role_platform_name
 
 if TYPE_CHECKING:
-    from ..config import EddyConfig
+    from .settings import RolePlatformNames
 
 
 @dataclass
@@ -48,12 +47,12 @@ class DeviceBinding:
                 "how": self.how}
 
 
-def node_resources(config: EddyConfig) -> dict[str, float]:
+def node_resources(platforms: RolePlatformNames) -> dict[str, float]:
     """What a local Ray declares besides CPUs: both roles' devices as their platforms name
     them (`Platform.ray_node_resources`; Ray counts GPUs and NPUs itself)."""
     resources: dict[str, float] = {}
-    for role in ROLES:
-        platform = get_platform(role_platform_name(config, role), require_available=False)
+    for name in platforms.by_role().values():
+        platform = get_platform(name, require_available=False)
         for name, count in platform.ray_node_resources().items():
             resources[name] = max(resources.get(name, 0.0), count)
     return resources

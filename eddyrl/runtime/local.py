@@ -27,24 +27,23 @@ from ..protocol import TrainBatch
 from .inprocess import InProcessRuntime
 
 if TYPE_CHECKING:
-    from ..config import EddyConfig
+    from .settings import RuntimeSettings
 
 
 class LocalRuntime(InProcessRuntime):
     """`Runtime` + `Checkpointable` + `Plannable`, all in this process."""
 
-    def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
+    def __init__(self, settings: RuntimeSettings, model_path: str, work_dir: str) -> None:
         from .workers import RolloutWorker, TrainerRank
 
         # settings it cannot run (more ranks, colocation, the elastic pool) are refused when
         # the config is loaded (config/schema.py)
-        self.config = config
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-", dir=os.path.abspath(work_dir))
         try:
-            self.trainer = TrainerRank(config, 0, 1,
+            self.trainer = TrainerRank(settings.trainer, 0, 1,
                                        f"file://{self.rendezvous_dir}/trainer_group", model_path)
-            self.rollout = [RolloutWorker(config, index, model_path)
-                            for index in range(config.rollout.num_workers)]
+            self.rollout = [RolloutWorker(settings.rollout, index, model_path)
+                            for index in range(settings.rollout_workers)]
         except BaseException:  # a failed start, or a stop while loading: no rendezvous left
             shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
             raise

@@ -38,7 +38,8 @@ def role_platform_name(config: EddyConfig, role: str) -> str:
 
 
 def role_platform_names(config: EddyConfig) -> dict[str, str]:
-    """Each role's platform name (after `record_role_platforms`: the resolved ones)."""
+    """Each role's platform name (in a config from `resolved.with_role_platforms`: the resolved
+    ones)."""
     return {role: role_platform_name(config, role) for role in ROLES}
 
 
@@ -69,18 +70,3 @@ def weight_channel_kind(config: EddyConfig) -> str:
     if kind == "collective" and config.cluster.placement == "colocated":
         return "host"
     return kind
-
-
-def record_role_platforms(config: EddyConfig) -> dict[str, bool]:
-    """Resolve each role's platform once, in the driver, and write the names into `config`
-    (`<role>.platform`, and `platform` where both agree): the saved config.yaml and every
-    actor then use what was resolved here, not what `auto` or `EDDY_PLATFORM` would find in
-    their own environment. Returns, per role, whether the user named the platform (a name,
-    not `auto`): only that may move a resumed run to another platform."""
-    explicit = {role: role_platform_name(config, role) not in ("", "auto") for role in ROLES}
-    roles = resolve_role_platforms(config)
-    for role in ROLES:
-        getattr(config, role).platform = getattr(roles, role).name
-    if roles.train.name == roles.rollout.name:
-        config.platform = roles.train.name
-    return explicit

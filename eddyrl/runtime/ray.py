@@ -20,7 +20,6 @@ from ..protocol import EngineStats, GenerationRequest, GenerationResult, TrainBa
 from ..core.batching import split_for_ranks
 from ..errors import ConfigError, EddyError, WorkerLost
 from ..stopping import stop_signals_as_interrupt
-from .placement import role_platform_name, weight_channel_kind
 from .ray_calls import RayCalls
 from .ray_placement import actor_options, check_split_devices, colocation_group, role_group
 from .ray_recovery import PublishedWeights, WorkerReplacement
@@ -31,20 +30,22 @@ from .ray_session import LocalRaySession
 from .workers import RolloutWorker, TrainerRank, weight_group_layout
 
 if TYPE_CHECKING:
-    from ..config import EddyConfig
+    from .settings import RuntimeSettings
 
 
 _session: LocalRaySession | None = None  # the local Ray this process started, while it runs
 
 
-def start_ray(config: EddyConfig) -> LocalRaySession | None:
+def start_ray(settings: RuntimeSettings) -> LocalRaySession | None:
     """Local mode: every Ray server (GCS, raylet, object manager, workers' gRPC, agents, metrics)
     listens on loopback only, and Ray's token authentication stays on (its default for a local
     `ray.init`; RAY_AUTH_MODE is left alone) with a token of this session's own; its processes
     are reaped when the driver stops or dies, and its GCS and raylet watched
-    (`ray_session.py`). Returns that session (None when joining a cluster)."""
+    (`ray_session.py`); it declares the devices of both roles' platforms. Returns that
+    session (None when joining a cluster)."""
     global _session
-    if config.cluster.address is None:
+    cluster = settings.cluster
+    if cluster.address is None:
         if os.environ.get("RAY_ADDRESS"):
             # ray.init would join it, and refuse this call's local settings with a traceback
             raise ConfigError(f"RAY_ADDRESS is set ({os.environ['RAY_ADDRESS']!r}) but "
@@ -69,7 +70,7 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         # in the median, was within the machine's noise (0.96-1.25).
         os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     else:
-        ray_connect.prepare_join(config.cluster.address)
+        ray_connect.prepare_join(cluster.address)
     import ray
 
     if ray.is_initialized():
@@ -77,7 +78,7 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
     if _session is not None:  # shut down by someone else since: what is left of it goes
         _session.close()
         _session = None
-    if config.cluster.address is None:
+    if cluster.address is None:
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False  # the same, where Ray was imported earlier
@@ -89,8 +90,9 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
             # /tmp/ray/ray_current_cluster, and refuses num_cpus with a traceback)
             # A plug-in platform's devices are declared as Ray resources (Ray counts only
             # the accelerators it knows): without them its actors could never be placed.
-            ray.init(address="local", num_cpus=config.cluster.num_cpus or os.cpu_count(),
-                     resources=node_resources(config) or None, include_dashboard=False,
+            ray.init(address="local", num_cpus=cluster.num_cpus or os.cpu_count(),
+                     resources=node_resources(settings.platforms) or None,
+                     include_dashboard=False,
                      _node_ip_address="127.0.0.1",
                      logging_level="WARNING", log_to_driver=True, configure_logging=True)
         except BaseException:
@@ -105,7 +107,7 @@ def start_ray(config: EddyConfig) -> LocalRaySession | None:
         session.started()
         _session = session
     else:
-        ray_connect.join(config.cluster.address)
+        ray_connect.join(cluster.address)
     stop_signals_as_interrupt()  # again after ray.init, which sets its own (a stack dump, an abort)
     return _session
 
@@ -127,54 +129,55 @@ class RayRuntime(RayCalls, WorkerReplacement):
     placement: dict[str, list[str | None]] | None = None  # on a cluster: each actor's node
     devices: dict[str, list[dict]] | None = None  # each actor's device (runtime/devices.py)
 
-    def __init__(self, config: EddyConfig, model_path: str, work_dir: str) -> None:
-        self.session = start_ray(config)  # None when joining a cluster: nothing watched
+    def __init__(self, settings: RuntimeSettings, model_path: str, work_dir: str) -> None:
+        self.session = start_ray(settings)  # None when joining a cluster: nothing watched
         self._lost_future: asyncio.Future | None = None
-        self.config = config
-        self.timeout_s = config.cluster.timeout_s
+        self.settings = settings
+        self.timeout_s = settings.cluster.timeout_s
         # a worker's full traceback, where its one-line error points
         self.error_log = Path(work_dir).resolve() / "worker_errors.log"
         # On a local Ray every group's members are on this machine: they meet through files
         # in the run directory, with no listening socket at all. On a cluster they meet at a
         # store trainer rank 0 serves on its node's cluster address (`_rendezvous`).
-        self.across_nodes = config.cluster.address is not None
+        self.across_nodes = settings.cluster.address is not None
         # Checkpoints: the ranks write run_dir themselves where every node sees it; else they
         # save on their own nodes and the driver writes what it collects (`save`, `load`).
-        self.ship_checkpoints = self.across_nodes and not config.cluster.shared_run_dir
+        self.ship_checkpoints = self.across_nodes and not settings.cluster.shared_run_dir
         self.rendezvous_dir = tempfile.mkdtemp(prefix="rendezvous-",
                                                dir=os.path.abspath(work_dir))
         self.trainers: list[Any] = []
         self.workers = []
         self._group = None
         try:
-            self._start(config, model_path)
+            self._start(settings, model_path)
         except BaseException:  # a worker that failed to start: nothing of this start stays up
             self.shutdown()
             raise
 
-    def _start(self, config: EddyConfig, model_path: str) -> None:
+    def _start(self, settings: RuntimeSettings, model_path: str) -> None:
         import ray
 
+        cluster = settings.cluster
         # Fractional CPUs: on a 2-core laptop all workers must fit at once (they take turns).
-        cpus = min(1.0, (config.cluster.num_cpus or os.cpu_count() or 2) /
-                   (config.rollout.num_workers + config.train.num_workers + 1))
-        train_platform = role_platform_name(config, "train")
-        rollout_platform = role_platform_name(config, "rollout")
-        world = config.train.num_workers
+        cpus = min(1.0, (cluster.num_cpus or os.cpu_count() or 2) /
+                   (settings.rollout_workers + settings.trainer_ranks + 1))
+        train_platform = settings.platforms.train
+        rollout_platform = settings.platforms.rollout
+        world = settings.trainer_ranks
         # A cluster's nodes may not see the driver's files: the model goes to them as data.
-        model = DirectoryShipment.from_path(model_path, shared=config.cluster.shared_model) \
+        model = DirectoryShipment.from_path(model_path, shared=cluster.shared_model) \
             if self.across_nodes else model_path
         # Colocated: rollout worker i and trainer rank i take turns on device i (half of it
         # each as far as Ray is concerned; really all of it, one role at a time).
-        self.colocated = config.cluster.placement == "colocated"
-        self._group = colocation_group(config, train_platform, cpus) if self.colocated \
+        self.colocated = cluster.placement == "colocated"
+        self._group = colocation_group(settings, train_platform, cpus) if self.colocated \
             else None
-        if not self.colocated and config.cluster.address is None:
-            check_split_devices(config, {"train": train_platform, "rollout": rollout_platform})
+        if not self.colocated and cluster.address is None:
+            check_split_devices(settings, {"train": train_platform, "rollout": rollout_platform})
         share = 0.5 if self.colocated else 1.0
         # split: each role's actors placed over the cluster's nodes as configured (or not)
         self._role_groups = {} if self.colocated else {
-            role: role_group(config, role, platform, cpus)
+            role: role_group(settings, role, platform, cpus)
             for role, platform in (("train", train_platform), ("rollout", rollout_platform))}
         groups = {role: self._role_groups.get(role, self._group) for role in ("train", "rollout")}
         # Actors are named (`trainer-<rank>`, `rollout-<index>.<incarnation>`: what `ray list
@@ -185,7 +188,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
                                                               groups["train"], rank),
                                              name=f"trainer-{rank}", namespace=self.namespace
-                                             ).remote(config, rank, world, None, model)
+                                             ).remote(settings.trainer, rank, world, None, model)
                          for rank in range(world)]
         group = self._rendezvous("trainer_group", world)
         self._get_all([(f"trainer rank {r}", "start (trainer group, model)", t.start.remote(group))
@@ -208,8 +211,8 @@ class RayRuntime(RayCalls, WorkerReplacement):
         self._new_worker = lambda index, incarnation: ray.remote(RolloutWorker).options(
             name=f"rollout-{index}.{incarnation}", namespace=self.namespace,
             **actor_options(rollout_platform, cpus, share, groups["rollout"], index)
-        ).remote(config, index, model, shared(index))
-        self.workers = [self._new_worker(index, 0) for index in range(config.rollout.num_workers)]
+        ).remote(settings.rollout, index, model, shared(index))
+        self.workers = [self._new_worker(index, 0) for index in range(settings.rollout_workers)]
         self._incarnations = [0] * len(self.workers)
         self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
         self.weights = PublishedWeights()  # what a replacement may take, and when
@@ -236,7 +239,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
         """Open the weight channel between trainer rank 0 and every rollout worker. A worker
         found dead meanwhile is marked lost (its next call tells the rollout); a collective
         group cannot form without it, so there that is an error."""
-        kind = weight_channel_kind(self.config)
+        kind = self.settings.weight_channel
         # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
         # process of its engine where the engine takes the broadcast itself (vLLM's workers).
         ranks = self._each_worker([w.weight_ranks.remote(kind) for w in self.workers], kind, 1)
@@ -448,7 +451,7 @@ class RayRuntime(RayCalls, WorkerReplacement):
 
             for group in filter(None, groups):
                 remove_placement_group(group)
-        if self.config.cluster.address is None:
+        if self.settings.cluster.address is None:
             stop_ray()
         else:  # the driver leaves the cluster (which goes on): its workers' forwarded log
             ray.shutdown()  # lines stop here, not after the run's last line

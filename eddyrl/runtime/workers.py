@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator
 import torch
 
 from ..protocol import GenerationRequest, GenerationResult, TrainBatch
-from ..core.losses import make_policy_loss
+from ..core.update import PolicyUpdate, ReplicaShare, logit_temperature
 from ..engines.registry import LOW_RANK_RECEIVERS, load_engine_class
 from ..engines.training.replica import GradientReplica
 from ..hal import WeightBucketSpec, WeightChannel, get_platform, open_weight_channel
@@ -21,10 +21,10 @@ from ..scheduler.buckets import worker_batch_size
 from .devices import bind_actor_device
 from .node import node_address
 from .node_files import DirectoryShipment, collect_directory
-from .placement import role_platform_name
 
 if TYPE_CHECKING:
-    from ..config import EddyConfig
+    from .config import ClusterConfig
+    from .settings import RolloutWorkerSettings, TrainerSettings
 
 
 def local_model_dir(model: str | DirectoryShipment) -> str:
@@ -33,36 +33,37 @@ def local_model_dir(model: str | DirectoryShipment) -> str:
     return model.materialize() if isinstance(model, DirectoryShipment) else model
 
 
-def _prepare_process(config: EddyConfig) -> None:
+def _prepare_process(cluster: ClusterConfig) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-load bars from every worker drown the run's output
-    torch.set_num_threads(config.cluster.threads_per_worker or os.cpu_count() or 1)
+    torch.set_num_threads(cluster.threads_per_worker or os.cpu_count() or 1)
 
 
 class RolloutWorker:
     """Generates with an inference engine; lent to training by the elastic pool, it also holds
     a gradient replica (`join_training`) and its engine sleeps until `leave_training`."""
 
-    def __init__(self, config: EddyConfig, index: int, model: str | DirectoryShipment,
+    def __init__(self, settings: RolloutWorkerSettings, index: int,
+                 model: str | DirectoryShipment,
                  device: int | None = None) -> None:
         """`device`: the device index of the trainer rank this worker is colocated with
         (they take turns on it); None to take a free one (`runtime/devices.py`)."""
-        _prepare_process(config)
-        self.config = config
-        self.platform = get_platform(role_platform_name(config, "rollout"))
+        _prepare_process(settings.cluster)
+        self.settings = settings
+        self.platform = get_platform(settings.platforms.rollout)
         self.device = bind_actor_device(self.platform, f"rollout worker {index}", shared=device)
         self.model_path = model_path = local_model_dir(model)
         self.replica: GradientReplica | None = None
-        self.train_platform = get_platform(role_platform_name(config, "train"),
+        self.train_platform = get_platform(settings.platforms.train,
                                            require_available=False)
         os.environ.update(self.platform.inference_engine_env())
-        engine_cls = load_engine_class("rollout", config.rollout.engine)
-        self.engine = engine_cls(model_path, self.platform, seed=config.seed * 1000 + index,
+        engine_cls = load_engine_class("rollout", settings.engine)
+        self.engine = engine_cls(model_path, self.platform, seed=settings.seed * 1000 + index,
                                  max_batch_size=worker_batch_size(
-                                     config.routing, index, config.rollout.max_batch_size),
-                                 partial_rollout=config.window.partial_rollout,
-                                 **config.rollout_engine_options())
+                                     settings.routing, index, settings.max_batch_size),
+                                 partial_rollout=settings.partial_rollout,
+                                 **settings.engine_options)
         self.channel: WeightChannel | None = None
         self.engine_receives = False  # the engine takes the weights off the broadcast itself
 
@@ -108,13 +109,13 @@ class RolloutWorker:
     def _engine_ranks(self, kind: str) -> int:
         """The engine receives itself only from a device broadcast, and not where the elastic
         pool may lend this worker to training: its replica needs the weights here."""
-        if kind != "collective" or self.config.elastic.enabled:
+        if kind != "collective" or self.settings.lent_to_training:
             return 0
         return self.engine.weight_ranks()
 
     def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
         """Join the weight channel as `rank` (the first of `weight_ranks(kind)` ranks)."""
-        timeout_s = self.config.cluster.timeout_s
+        timeout_s = self.settings.cluster.timeout_s
         if self.channel is not None:  # a rebuilt group (a lost worker was replaced)
             self.channel.close()
             self.channel = None
@@ -161,8 +162,8 @@ class RolloutWorker:
         await self.engine.sleep()
         self.replica = await asyncio.to_thread(
             GradientReplica, self.model_path, self.platform,
-            temperature=_sampling_temperature(self.config),
-            **self.config.train.forward_options())
+            temperature=logit_temperature(self.settings.sampling_temperature),
+            **self.settings.train.forward_options())
 
     def replica_version(self) -> int:
         return -1 if self.replica is None else self.replica.version
@@ -171,10 +172,9 @@ class RolloutWorker:
                           ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """This share's gradients, normalised over the whole step's `total_tokens`."""
         assert self.replica is not None and self.replica.version >= 0, "not a ready replica"
-        if self.config.algorithm.decoupled:
-            batch.prox_logprobs = self.replica.logprobs(batch)  # one optimizer step: prox = now
-        # The trainer ranks' loss (the config check keeps kl_coef = 0 with the elastic pool).
-        return self.replica.gradients(batch, _policy_loss(self.config), total_tokens)
+        # the trainer ranks' update, on this share
+        update = PolicyUpdate(self.settings.algorithm)
+        return update.replica_gradients(batch, self.replica, total_tokens)
 
     async def leave_training(self) -> int:
         """Back to rollout: wake the engine and load the replica's weights (the latest it
@@ -217,15 +217,15 @@ class TrainerRank:
     passed to every rank by the runtime (hal/rendezvous.py). Given `init_method`, the
     constructor starts at once (one process, tests)."""
 
-    def __init__(self, config: EddyConfig, rank: int, world: int, init_method: str | None,
+    def __init__(self, settings: TrainerSettings, rank: int, world: int, init_method: str | None,
                  model: str | DirectoryShipment) -> None:
-        _prepare_process(config)
-        self.config = config
+        _prepare_process(settings.cluster)
+        self.settings = settings
         self.rank, self.world = rank, world
-        self.platform = get_platform(role_platform_name(config, "train"))
+        self.platform = get_platform(settings.platforms.train)
         self.device = bind_actor_device(self.platform, f"trainer rank {rank}")
         self.model_path = local_model_dir(model)
-        self.rollout_platform = get_platform(role_platform_name(config, "rollout"),
+        self.rollout_platform = get_platform(settings.platforms.rollout,
                                              require_available=False)
         self._servers: dict[str, TcpStoreServer] = {}  # tcp rendezvous rank 0 serves
         self._channel_rendezvous: str | None = None  # the weight channel's
@@ -241,7 +241,7 @@ class TrainerRank:
         if address is None:
             raise RuntimeError("a tcp rendezvous needs the node's cluster address; this "
                                "process is not part of a Ray cluster")
-        server = TcpStoreServer(address, world_size, self.config.cluster.timeout_s)
+        server = TcpStoreServer(address, world_size, self.settings.cluster.timeout_s)
         self._servers[server.url] = server
         return server.url
 
@@ -252,33 +252,33 @@ class TrainerRank:
             return None
         if rank == 0:
             return self._servers[rendezvous].store
-        return make_store(rendezvous, rank, world_size, self.config.cluster.timeout_s)
+        return make_store(rendezvous, rank, world_size, self.settings.cluster.timeout_s)
 
     def start(self, rendezvous: str) -> None:
         """Join the trainer group at `rendezvous` and build the training engine (and the KL
         reference)."""
-        config, rank, world = self.config, self.rank, self.world
-        train, algo = config.train, config.algorithm
-        temperature = _sampling_temperature(config)
+        settings, rank, world = self.settings, self.rank, self.world
+        train, cluster = settings.train, settings.cluster
+        temperature = logit_temperature(settings.sampling_temperature)
         engine_cls = load_engine_class("train", train.engine)
         store = self._store(rendezvous, rank, world)
         if store is not None:  # the engine finds the group joined, and leaves it be
-            self.platform.init_process_group(rank, world, None, config.cluster.timeout_s,
+            self.platform.init_process_group(rank, world, None, cluster.timeout_s,
                                              store=store, address=node_address())
 
         def build(**optimizer):
             return engine_cls(self.model_path, self.platform, rank=rank, world_size=world,
-                              init_method=rendezvous, seed=config.seed,
-                              temperature=temperature, local=config.cluster.address is None,
-                              timeout_s=config.cluster.timeout_s, **train.engine_options(),
+                              init_method=rendezvous, seed=settings.seed,
+                              temperature=temperature, local=cluster.address is None,
+                              timeout_s=cluster.timeout_s, **train.engine_options(),
                               **optimizer)
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
                             grad_clip=train.grad_clip)
-        self.loss_fn = _policy_loss(config)
+        self.update = PolicyUpdate(settings.algorithm, mini_batches=train.mini_batches)
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
-        self.reference = build() if algo.kl_coef > 0 else None
+        self.reference = build() if self.update.needs_reference else None
 
     def train(self, batch: TrainBatch, replica_results: list | None = None,
               replica_tokens: int = 0) -> dict[str, float]:
@@ -286,8 +286,10 @@ class TrainerRank:
         trainer's log-probs are from the sampler's on the same tokens (before the update).
         `replica_results`: Ray references to joined replicas' (gradients, metric sums) for this
         step, awaited only after this rank's own backward passes (elastic pool)."""
+        replicas = _replica_gradients(replica_results) if replica_results else None
         with self.platform.profile_range("eddy.train.step"):
-            metrics = self._train(batch, replica_results, replica_tokens)
+            metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
+                                  replica_tokens=replica_tokens)
         # what each weight sync sends, and its share of the whole model's bytes (LoRA: the
         # adapter's factors to an engine that merges them, docs/engines.md)
         sent = self.engine.export_bytes(low_rank=self._low_rank_sync)
@@ -296,57 +298,12 @@ class TrainerRank:
 
     @property
     def _low_rank_sync(self) -> bool:
-        return self.config.rollout.engine in LOW_RANK_RECEIVERS
+        return self.settings.rollout_engine in LOW_RANK_RECEIVERS
 
     def weight_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
         """The engine's weight export in the form this run's rollout engine takes."""
-        return self.engine.export_weights(self.config.train.bucket_mb << 20,
+        return self.engine.export_weights(self.settings.train.bucket_mb << 20,
                                           low_rank=self._low_rank_sync)
-
-    def _train(self, batch: TrainBatch, replica_results: list | None,
-               replica_tokens: int) -> dict[str, float]:
-        if self.reference is not None:
-            batch.ref_logprobs = self.reference.compute_logprobs(batch)
-        chunks = self.config.train.mini_batches
-        if chunks == 1 and not self.config.algorithm.decoupled:
-            # One pass: the update's own forward gives the pre-update log-probs (measured:
-            # the separate pass was ~1/4 of a step's training time on the default run).
-            current = torch.zeros(batch.input_ids.shape)
-            metrics: dict[str, float] = {}
-            external = _replica_gradients(replica_results, metrics) if replica_results \
-                else None
-            metrics.update(self.engine.train_step(batch, self.loss_fn,
-                                                  extra_tokens=replica_tokens,
-                                                  external_grads=external,
-                                                  logprobs_out=current))
-            return {**self._logprob_mismatch(batch, current), **metrics}
-        current = self.engine.compute_logprobs(batch)  # the weights before this update
-        metrics = self._logprob_mismatch(batch, current)
-        size = -(-len(batch) // chunks) if len(batch) else 0
-        for index in range(chunks):
-            rows = slice(index * size, (index + 1) * size)
-            part = batch.select(rows)
-            if self.config.algorithm.decoupled:
-                # The proximal policy is the weights at the start of this optimizer step.
-                part.prox_logprobs = (current[rows] if index == 0
-                                      else self.engine.compute_logprobs(part))
-            external = _replica_gradients(replica_results, metrics) if replica_results else None
-            step = self.engine.train_step(part, self.loss_fn, extra_tokens=replica_tokens,
-                                          external_grads=external)
-            # means over the mini-batches; a count (skipped_updates) adds up
-            metrics.update({k: (v if k == "skipped_updates" else v / chunks)
-                            + metrics.get(k, 0.0) for k, v in step.items()})
-        return metrics
-
-    @staticmethod
-    def _logprob_mismatch(batch: TrainBatch, current: torch.Tensor) -> dict[str, float]:
-        """How far the trainer's log-probs are from the sampler's on the same tokens."""
-        mask = batch.loss_mask.bool()
-        if not mask.any():
-            return {"mismatch_abs_max": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": 0.0}
-        diff = (current.cpu() - batch.old_logprobs)[mask].abs()
-        return {"mismatch_abs_max": float(diff.max()), "mismatch_abs_sum": float(diff.sum()),
-                "mismatch_tokens": float(mask.sum())}
 
     def connect_weight_channel(self, kind: str, rendezvous: str, rank: int, world: int) -> None:
         if self.rank == 0:
@@ -361,7 +318,7 @@ class TrainerRank:
             store = self._store(rendezvous, rank, world)
             self.channel = open_weight_channel(self.platform, self.rollout_platform, rank=rank,
                                                world_size=world, rendezvous=rendezvous,
-                                               kind=kind, timeout_s=self.config.cluster.timeout_s,
+                                               kind=kind, timeout_s=self.settings.cluster.timeout_s,
                                                store=store, address=node_address())
 
     def describe_weights(self) -> list[WeightBucketSpec]:
@@ -442,21 +399,10 @@ def weight_group_layout(ranks: list[int]) -> tuple[list[int], int]:
     return offsets, 1 + sum(ranks)
 
 
-def _sampling_temperature(config: EddyConfig) -> float:
-    """The temperature the trainer divides logits by: the sampler's (greedy reports at 1)."""
-    return config.rollout.temperature if config.rollout.temperature > 0 else 1.0
-
-
-def _policy_loss(config: EddyConfig):
-    algo = config.algorithm
-    return make_policy_loss(clip_low=algo.clip_low, clip_high=algo.clip_high,
-                            kl_coef=algo.kl_coef, tis_cap=algo.tis_cap, dual_clip=algo.dual_clip)
-
-
-def _replica_gradients(refs: list, metrics: dict[str, float]):
-    """A callable for `train_step(external_grads=)`: fetch the joined replicas' results, sum
-    their gradients, and note how many replicas contributed."""
-    def fetch() -> dict[str, torch.Tensor]:
+def _replica_gradients(refs: list) -> ReplicaShare:
+    """The joined replicas' part of the step (`PolicyUpdate`'s `replicas`): fetch their
+    results from Ray, sum their gradients, and report how many replicas contributed."""
+    def fetch() -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         import ray
 
         total: dict[str, torch.Tensor] = {}
@@ -465,7 +411,6 @@ def _replica_gradients(refs: list, metrics: dict[str, float]):
             replica_loss += sums["loss"]
             for name, grad in grads.items():
                 total[name] = grad if name not in total else total[name] + grad
-        metrics["replicas_joined"] = float(len(refs))
-        metrics["replica_loss"] = replica_loss  # their share of the step's token-mean loss
-        return total
+        # replica_loss: their share of the step's token-mean loss
+        return total, {"replicas_joined": float(len(refs)), "replica_loss": replica_loss}
     return fetch

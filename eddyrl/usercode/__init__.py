@@ -2,8 +2,8 @@
 worker threads, in worker processes, or inline; a failure, a hang or a crash of it costs its
 sample or episode, never the run (`pool`), configured by the `user_code` section (`config`)."""
 
-from .pool import (MODES, InlinePool, Pool, SessionState, UserCodeError, UserCodeTimeout,
-                   make_pool)
+from .factory import MODES, make_pool
+from .pool import InlinePool, Pool, SessionState, UserCodeError, UserCodeTimeout
 from .processes import ProcessPool
 from .threads import ThreadPool
 

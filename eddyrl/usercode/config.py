@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..validation import check_choice, check_range
-from .pool import MODES, Pool, describe, make_pool
+from .factory import MODES, make_pool
+from .pool import Pool, describe
 
 Mode = Literal["thread", "process", "inline"]
 MAX_WORKERS = 1024

@@ -27,7 +27,8 @@ would be: it stops the run. A `fork()` in user code: the forked copy leaves (`os
 soon as it returns into the pool's code, so only the original answers.
 
 The shared parts (errors, `Pool`, jobs, the inline mode) are here; the thread pool is in
-`threads.py`, the process pool in `processes.py` (its child's side in `child.py`).
+`threads.py`, the process pool in `processes.py` (its child's side in `child.py`), the pool
+of a mode by name in `factory.py`.
 
 Sessions hold state across calls (an environment lives across an episode's turns):
 `session.call(fn, *args)` runs `fn(state, *args)` (a coroutine function is awaited) with the
@@ -49,7 +50,6 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-MODES = ("thread", "process", "inline")
 REASONS = ("error", "timeout", "lost")
 CLOSED = "the user-code pool is closed"
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds `eddyrl`
@@ -90,7 +90,7 @@ def _own_cancellation() -> bool:
 
 
 class Pool:
-    """Runs user code in one of MODES; see the module's docstring."""
+    """Runs user code in one of the modes (`factory.make_pool`); see the module's docstring."""
 
     mode = ""
     timeout_note = ""  # what a call past its limit costs its worker, for the log
@@ -120,17 +120,6 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def make_pool(mode: str, workers: int = 1, *, name: str = "user code",
-              shared: Any = None) -> Pool:
-    from .processes import ProcessPool
-    from .threads import ThreadPool
-
-    classes = {"inline": InlinePool, "thread": ThreadPool, "process": ProcessPool}
-    if mode not in classes:
-        raise ValueError(f"user-code mode {mode!r} is not one of {', '.join(MODES)}")
-    return classes[mode](workers, name=name, shared=shared)
 
 
 # ------------------------------------------------------------------------------------ inline

@@ -81,11 +81,13 @@ def test_trainer_rank_counts_every_skipped_mini_batch(tiny_model_dir, tmp_path):
     """A step of two optimizer steps (`train.mini_batches=2`), both on NaN: two skips, as the
     step's metrics report them (a count adds up where the other metrics are means)."""
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.workers import TrainerRank
 
     config = load_config(overrides=["platform=cpu", "train.mini_batches=2",
                                     f"model.path={tiny_model_dir}"])
-    rank = TrainerRank(config, 0, 1, f"file://{tmp_path}/pg", tiny_model_dir)
+    rank = TrainerRank(runtime_settings(config).trainer, 0, 1, f"file://{tmp_path}/pg",
+                       tiny_model_dir)
     try:
         nan_rows = batch(rows=4)  # split in two mini-batches of 2 rows
         nan_rows.advantages[nan_rows.loss_mask > 0] = math.nan

@@ -25,13 +25,13 @@ from eddyrl.errors import ConfigError
                  "the object is a Pattern, not a callable fn(response_text, answer) -> float",
                  id="not-callable"),
     pytest.param("eddyrl.tasks.reward.reward",
-                 "is neither a dotted path 'package.module:Name' nor a file's "
-                 "'path/to/file.py:Name'", id="no-colon"),
+                 "is not a dotted path of the form 'package.module:Name' (nor a file's "
+                 "'path/to/file.py:Name')", id="no-colon"),
 ])
 def test_reward_fn_that_does_not_load_names_the_config_key(dotted, problem):
     with pytest.raises(ConfigError) as error:
         load_reward_fn(dotted)
-    separator = " " if problem.startswith("is neither") else ": "
+    separator = " " if problem.startswith("is not") else ": "
     assert str(error.value) == f"config key 'data.reward_fn' = {dotted!r}{separator}{problem}"
 
 
@@ -115,7 +115,7 @@ def test_reward_timeout_setting(tiny_model_dir, tmp_path):
 
     config = load_config(overrides=["data.reward_timeout_s=0.5", "data.train_size=4",
                                     "data.eval_size=2"])
-    reward = prepare(config, tiny_model_dir, tmp_path)[-1]
+    reward = prepare(config, tiny_model_dir, tmp_path).reward
     assert reward.timeout_s == 0.5  # what a run scores with
 
 

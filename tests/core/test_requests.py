@@ -5,12 +5,12 @@ import random
 
 import pytest
 
-from eddyrl.core.requests import IllegalTransition, Request, RequestTable, Status
+from eddyrl.core.requests import IllegalTransition, Purpose, Request, RequestTable, Status
 from eddyrl.core.version_assignment import VersionAssignment
 
 
 def _request(i):
-    return Request(f"g{i}-0", None, 0, None, True, i)
+    return Request(f"g{i}-0", None, 0, None, Purpose.TRAIN, i)
 
 
 def test_a_request_walks_its_states_and_the_counts_follow():
@@ -66,7 +66,8 @@ def test_check_finds_a_count_changed_behind_the_tables_back():
 
 def test_the_assignment_refuses_a_placement_against_c1():
     assignment = VersionAssignment(2, 8)
-    table = assignment.requests
+    table = RequestTable(2, book=assignment)
+    assignment.follow(table)
     table.add(_request(1), 0, 0)
     assignment.published(2, [0, 2])
     with pytest.raises(ValueError, match="worker 1 hosts version 2.*cannot generate version 0"):

@@ -179,7 +179,7 @@ def test_evaluation_and_training_requests_go_to_an_engine_in_separate_calls():
     """A worker's batched sends are split per purpose as well as per version, so a trace can
     draw the held-out evaluation as its own span (issue 20: it was merged into step 1's
     generation)."""
-    from eddyrl.core.requests import Request
+    from eddyrl.core.requests import Purpose, Request
     from eddyrl.core.streams import Streams
 
     runtime = ManualRuntime(1)
@@ -188,7 +188,8 @@ def test_evaluation_and_training_requests_go_to_an_engine_in_separate_calls():
     async def scenario():
         group, sampling = Group("g", "p", "1", [7], 0), SamplingParams(max_new_tokens=8)
         for name, evaluation in (("t0", False), ("e0", True), ("t1", False)):
-            request = Request(name, group, 0, sampling, True, 0, evaluation=evaluation)
+            purpose = Purpose.EVAL if evaluation else Purpose.TRAIN
+            request = Request(name, group, 0, sampling, purpose, 0)
             request.worker = 0
             streams.send(request)  # batched with the others of this moment
         streams.flush_sends()

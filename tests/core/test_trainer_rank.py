@@ -4,6 +4,7 @@ log-prob mismatch it reports."""
 import torch
 
 from eddyrl.config import load_config
+from eddyrl.resolved import runtime_settings
 from eddyrl.runtime.workers import TrainerRank
 
 
@@ -23,7 +24,8 @@ def test_kl_reference_and_mismatch(tiny_model_dir, tmp_path):
     config = load_config(overrides=["platform=cpu", "algorithm.kl_coef=0.1", "train.lr=1e-3",
                                     "train.mini_batches=2", f"model.path={tiny_model_dir}",
                                     "cluster.threads_per_worker=1"])
-    rank = TrainerRank(config, 0, 1, f"file://{tmp_path}/pg", tiny_model_dir)
+    rank = TrainerRank(runtime_settings(config).trainer, 0, 1, f"file://{tmp_path}/pg",
+                       tiny_model_dir)
     try:
         batch = _batch(tiny_model_dir)
         # the reference is the initial policy: before any step it equals the trained one
@@ -51,7 +53,8 @@ def test_decoupled_loss_on_policy_gives_the_plain_grpo_update(tiny_model_dir, tm
                                        "algorithm.dual_clip=3.0"])):
         config = load_config(overrides=["platform=cpu", "train.lr=1e-3", *extra,
                                         f"model.path={tiny_model_dir}"])
-        rank = TrainerRank(config, 0, 1, f"file://{tmp_path}/{name}", tiny_model_dir)
+        rank = TrainerRank(runtime_settings(config).trainer, 0, 1,
+                           f"file://{tmp_path}/{name}", tiny_model_dir)
         try:
             batch = _batch(tiny_model_dir)
             batch.old_logprobs = rank.engine.compute_logprobs(batch) * batch.loss_mask

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from eddyrl.core.requests import Request, Status
+from eddyrl.core.requests import Purpose, Request, RequestTable, Status
 from eddyrl.core.version_assignment import Migration, VersionAssignment
 
 
@@ -16,6 +16,10 @@ class Book(VersionAssignment):
     the counts; nothing here touches them)."""
 
     _ids = itertools.count()
+
+    def __init__(self, num_workers, slots_per_worker):
+        super().__init__(num_workers, slots_per_worker)
+        self.follow(RequestTable(num_workers, book=self))  # as the rollout hands it one
 
     def _some(self, worker, version, count, status):
         ids = [r.id for r in self.requests.counted_on(worker)
@@ -32,7 +36,7 @@ class Book(VersionAssignment):
 
     def dispatched(self, worker, version, count=1):
         for _ in range(count):
-            self.requests.add(Request(f"r{next(self._ids)}", None, 0, None, True, 0),
+            self.requests.add(Request(f"r{next(self._ids)}", None, 0, None, Purpose.TRAIN, 0),
                               worker, version)
 
     def finished(self, worker, version, count=1):

@@ -7,7 +7,7 @@ import asyncio
 
 from scripted_engine import ScriptedEngine, until
 
-from eddyrl.core.requests import Status
+from eddyrl.core.requests import Purpose, Status
 from eddyrl.core.ledger import Ledger, State
 from eddyrl.core.version_assignment import VersionAssignment
 from eddyrl.core.rewarding import SafeReward
@@ -117,6 +117,36 @@ def test_with_every_worker_lost_requests_wait_for_the_replacement():
         assert [h["state"] for h in history] == [
             State.QUEUED.value, State.GENERATING.value, State.QUEUED.value,
             State.GENERATING.value, State.COLLECTED.value]
+        await rollout.drain()
+
+    asyncio.run(run())
+
+
+def test_a_lost_workers_refill_group_is_requeued_in_the_ledger_too():
+    """A synchronous refill (`generate_now`, `Purpose.REFILL`) is in the ledger and is trained:
+    its worker's loss is recorded as for a dispatched group: requeued, started again
+    (`moves.py`, `worker_lost`)."""
+    async def run():
+        engines = [ScriptedEngine(token=3), ScriptedEngine(token=4)]
+        engines[0].holds["r0"] = asyncio.Event()
+        runtime = LossyRuntime(engines)
+        rollout = _rollout(runtime)
+        rollout.ledger.queue("r0", 0, 0)
+        group = Group("r0", "r0", "1", [5, 6], 0)
+        refill = asyncio.ensure_future(rollout.generate_now(
+            [group], 2, SamplingParams(max_new_tokens=40), Purpose.REFILL))
+        await until(lambda: engines[0]._running == 2)
+        runtime.kill(0)
+        engines[0].holds["r0"].set()
+        await until(lambda: rollout.workers_lost == 1)
+        await refill
+        assert [len(t.result.token_ids) for t in group.trajectories] == [3, 3]
+        history = rollout.ledger.to_dict()["groups"]["r0"]["history"]
+        assert [h["state"] for h in history] == [
+            State.QUEUED.value, State.GENERATING.value, State.QUEUED.value,
+            State.GENERATING.value, State.COLLECTED.value]
+        assert "rollout worker 0 lost" in history[2]["reason"]
+        runtime.replacements.set()  # the replacement, which drain waits for
         await rollout.drain()
 
     asyncio.run(run())

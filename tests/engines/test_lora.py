@@ -165,13 +165,15 @@ def test_unknown_target_modules_are_named(model_dir, tmp_path):
 def test_the_trainer_rank_sends_what_its_rollout_engine_takes_and_reports_it(
         model_dir, batch, tmp_path, rollout_engine, factors):
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.workers import TrainerRank
 
     config = load_config(overrides=[
         "platform=cpu", f"model.path={model_dir}", "cluster.threads_per_worker=1",
         f"rollout.engine={rollout_engine}", "train.lora.rank=8",
         "train.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
-    rank = TrainerRank(config, 0, 1, f"file://{tmp_path}/pg", model_dir)
+    rank = TrainerRank(runtime_settings(config).trainer, 0, 1, f"file://{tmp_path}/pg",
+                       model_dir)
     try:
         metrics = rank.train(batch)
         names = [n for b in rank.weight_buckets() for n in b]

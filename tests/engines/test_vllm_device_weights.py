@@ -14,6 +14,7 @@
 """
 
 import asyncio
+import dataclasses
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -220,6 +221,7 @@ def _rollout_worker(monkeypatch, model_dir, engine=None, *overrides):
     """A RolloutWorker as Ray runs it, minus Ray; around `engine` (the session's vLLM engine)
     instead of a new one, or an `hf` engine. Its process-wide settings are put back after."""
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime import workers
 
     config = load_config(overrides=[f"model.path={model_dir}", "platform=cpu",
@@ -232,7 +234,7 @@ def _rollout_worker(monkeypatch, model_dir, engine=None, *overrides):
         monkeypatch.setenv(key, "")  # recorded, so the worker's values are undone after
     threads = torch.get_num_threads()
     try:
-        return workers.RolloutWorker(config, 0, model_dir)
+        return workers.RolloutWorker(runtime_settings(config).rollout, 0, model_dir)
     finally:
         torch.set_num_threads(threads)
 
@@ -253,7 +255,8 @@ def test_a_cpu_run_and_a_lendable_worker_keep_the_host_path(monkeypatch, vllm, t
     assert worker._engine_ranks("object_store") == 0
     assert worker._engine_ranks("host") == 0 and worker.weight_ranks("object_store") == 1
     assert worker._engine_ranks("collective") == 1
-    monkeypatch.setattr(worker.config.elastic, "enabled", True)
+    monkeypatch.setattr(worker, "settings",
+                        dataclasses.replace(worker.settings, lent_to_training=True))
     assert worker._engine_ranks("collective") == 0  # a replica would need the weights here
 
 

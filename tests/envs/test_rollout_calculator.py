@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eddyrl.config import load_config
 from eddyrl.core.batching import build_train_batch
+from eddyrl.core.requests import Purpose
 from eddyrl.build import build_controller
 from eddyrl.protocol import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
@@ -52,8 +53,8 @@ def tool_model_dir(tmp_path_factory):
 
 
 def test_prepare_builds_the_tool_task_with_calculator_episodes(tiny_model_dir, tmp_path):
-    tokenizer, train_set, _, settings, _ = prepare(load_config(overrides=TOOL_TASK),
-                                                   tiny_model_dir, tmp_path)
+    run = prepare(load_config(overrides=TOOL_TASK), tiny_model_dir, tmp_path)
+    tokenizer, train_set, settings = run.tokenizer, run.train_set, run.settings
     hash_id = tokenizer.convert_tokens_to_ids("#")
     assert settings.sampling.stop_token_ids == (tokenizer.eos_token_id, hash_id)
     env = settings.env(prompt="add 1 2", answer="3")
@@ -61,7 +62,7 @@ def test_prepare_builds_the_tool_task_with_calculator_episodes(tiny_model_dir, t
     assert env.limits.max_turns == 4  # env.max_turns default
     assert all(max(parse_prompt(p.prompt)) >= 1000 for p in train_set.prompts)  # tool rows
     # no environment: single-turn, exactly as before
-    _, _, _, plain, _ = prepare(load_config(), tiny_model_dir, tmp_path / "plain")
+    plain = prepare(load_config(), tiny_model_dir, tmp_path / "plain").settings
     assert plain.env is None and plain.sampling.stop_token_ids == (tokenizer.eos_token_id,)
 
 
@@ -86,8 +87,8 @@ def test_tool_task_settings_are_checked_at_load(overrides, fragment):
 
 def test_calculator_episodes_on_a_tiny_model_that_knows_the_syntax(tool_model_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
-    _, _, _, settings, reward = prepare(load_config(overrides=TOOL_TASK), tool_model_dir,
-                                        tmp_path)
+    run = prepare(load_config(overrides=TOOL_TASK), tool_model_dir, tmp_path)
+    settings, reward = run.settings, run.reward
     prompts = PromptSet.from_rows(ROWS, "rows", tokenizer, 64, "error")
     engine = HFInferenceEngine(tool_model_dir, get_platform("cpu"), seed=0)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -99,7 +100,7 @@ def test_calculator_episodes_on_a_tiny_model_that_knows_the_syntax(tool_model_di
     async def scenario():
         evaluation = await controller.evaluate()
         groups = controller._new_groups(prompts.prompts)
-        await controller.rollout.generate_now(groups, 1, greedy, track=False)
+        await controller.rollout.generate_now(groups, 1, greedy, Purpose.EVAL)
         return evaluation, groups
 
     evaluation, groups = asyncio.run(scenario())

@@ -123,9 +123,10 @@ _TOKEN_PROBE = textwrap.dedent("""
     import json, os, stat, sys
     import psutil, ray
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import start_ray, stop_ray
 
-    start_ray(load_config(overrides=["platform=cpu"]))
+    start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process.pid
     seen = {"path": path, "gcs_path": psutil.Process(gcs).environ().get("RAY_AUTH_TOKEN_PATH"),
@@ -165,9 +166,10 @@ def test_a_local_run_has_a_private_token_of_its_own(tmp_path):
 def test_ray_address_in_the_environment_of_a_local_run_is_one_line(monkeypatch):
     from eddyrl.config import load_config
     from eddyrl.errors import ConfigError
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import start_ray
 
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     with pytest.raises(ConfigError, match=r"RAY_ADDRESS is set \('127.0.0.1:6379'\) but "
                                           r"cluster.address is not.*cluster.address=auto"):
-        start_ray(load_config(overrides=["platform=cpu"]))
+        start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))

@@ -121,11 +121,12 @@ def bare_runtime(tmp_path):
     """A RayRuntime with no workers of its own, on a local Ray started as a run starts it: its
     calls, errors and replacement logic."""
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import RayRuntime, start_ray
     from eddyrl.runtime.ray_recovery import PublishedWeights
 
     runtime = RayRuntime.__new__(RayRuntime)
-    runtime.session = start_ray(load_config(overrides=["platform=cpu"]))
+    runtime.session = start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
     runtime._lost_future, runtime.timeout_s = None, 120.0
     runtime.error_log = tmp_path / "worker_errors.log"
     runtime.colocated, runtime.weights, runtime._lost = False, PublishedWeights(), set()

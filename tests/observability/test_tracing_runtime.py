@@ -10,7 +10,7 @@ from eddyrl.core.rewarding import SafeReward
 from eddyrl.observability.report import idle_by_role
 from eddyrl.observability.trace import Trace
 from eddyrl.observability.tracing import TracingRuntime
-from eddyrl.runtime.protocol import Recoverable
+from eddyrl.runtime_protocol import Recoverable
 
 ROLLOUT, TRAIN, DRIVER = Trace.ROLES["rollout"], Trace.ROLES["train"], Trace.ROLES["driver"]
 

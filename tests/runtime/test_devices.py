@@ -9,6 +9,7 @@ import pytest
 from eddyrl.config import load_config
 from eddyrl.hal import registry
 from eddyrl.hal.base import Platform
+from eddyrl.resolved import runtime_settings
 from eddyrl.runtime import devices
 
 
@@ -121,7 +122,10 @@ def test_a_colocated_actor_shares_its_partners_device(node_tmp, monkeypatch):
 
 def test_a_local_ray_declares_a_plugins_devices(monkeypatch):
     monkeypatch.setitem(registry.platform_classes(), _Acme.name, _Acme)
-    assert devices.node_resources(load_config(overrides=["platform=cpu"])) == {}
-    assert devices.node_resources(load_config(overrides=["platform=cuda"])) == {}  # Ray's own
-    config = load_config(overrides=["platform=cpu", "rollout.platform=acme_test"])
-    assert devices.node_resources(config) == {"ACME": 3.0}
+    def declared(*overrides: str) -> dict[str, float]:
+        return devices.node_resources(runtime_settings(load_config(overrides=[*overrides])
+                                                       ).platforms)
+
+    assert declared("platform=cpu") == {}
+    assert declared("platform=cuda") == {}  # Ray's own
+    assert declared("platform=cpu", "rollout.platform=acme_test") == {"ACME": 3.0}

@@ -22,9 +22,10 @@ BIG = 3 * CHUNK + 500
 @pytest.fixture(scope="module")
 def local_ray():
     from eddyrl.config import load_config
+    from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import start_ray, stop_ray
 
-    start_ray(load_config(overrides=["platform=cpu"]))
+    start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
     yield
     stop_ray()
 

@@ -5,6 +5,7 @@ not under `if TYPE_CHECKING:` (annotations only; never executed)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "eddyrl"
@@ -20,7 +21,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _imports(tree: ast.AST, module: str, is_package: bool,
+             modules: frozenset[str] = frozenset()) -> set[str]:
     found: set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
 
@@ -38,9 +40,13 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            # `from . import x` / `from .pkg import module`: the submodule is the dependency
-            found.update(f"{target}.{alias.name}" for alias in node.names)
+            named = {f"{target}.{alias.name}" for alias in node.names}
+            # `from . import x` / `from .pkg import module`: the submodule is the dependency;
+            # `from . import a, b` of submodules only needs nothing of the package itself (an
+            # ancestor, imported before the importing module anyway)
+            if node.module is not None or not named <= modules:
+                found.add(target)
+            found.update(named)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -53,9 +59,18 @@ def graph() -> dict[str, set[str]]:
     paths = {module_name(p): p for p in ROOT.rglob("*.py")}
     edges: dict[str, set[str]] = {}
     for name, path in paths.items():
-        raw = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        raw = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py",
+                       frozenset(paths))
         edges[name] = {target for target in raw if target in paths and target != name}
     return edges
+
+
+def lines_matching(folder: str, pattern: re.Pattern[str]) -> list[str]:
+    """`path:line: text` for each line of eddyrl/`folder`'s modules that `pattern` finds."""
+    return [f"{path.relative_to(ROOT.parent)}:{number}: {line.strip()}"
+            for path in sorted((ROOT / folder).rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if pattern.search(line)]
 
 
 def package_of(module: str) -> str:

@@ -1,19 +1,20 @@
-"""The code's shape, checked from the source: which package may import which, no package
-import cycle, sans-IO modules that load no torch, no capability looked up with getattr, and
-every runtime against the runtime protocols."""
+"""The code's shape, checked from the source: which package may import which, no package or
+module import cycle, sans-IO modules that load no torch, no capability looked up with getattr,
+no seam of core/ typed in a comment, and every runtime against the runtime protocols."""
 
+import ast
 import re
 import subprocess
 import sys
 
 import pytest
 
-from .import_graph import ROOT, cycles, graph, package_graph, package_of
+from .import_graph import ROOT, cycles, graph, lines_matching, package_graph, package_of
 
 # Modules with no clock, no I/O and no tensors: importing any of them loads no torch (and no
 # Ray), so the logic they hold is testable and usable without either.
 SANS_IO = [
-    "eddyrl.protocol", "eddyrl.runtime.protocol",
+    "eddyrl.protocol", "eddyrl.runtime_protocol",
     "eddyrl.core.version_window", "eddyrl.core.version_assignment", "eddyrl.core.ledger",
     "eddyrl.core.replay", "eddyrl.core.store", "eddyrl.core.step_metrics",
     "eddyrl.core.rollout", "eddyrl.core.controller", "eddyrl.core.elastic_driver",
@@ -35,6 +36,8 @@ FORBIDDEN = {
     "scheduler": {"core", "engines", "runtime", "sim"},
     "hal": {"core", "engines", "runtime", "sim", "scheduler"},
     "protocol": {"core", "engines", "runtime", "sim", "scheduler", "envs", "hal"},
+    # the runtime's protocols sit beside protocol.py, below core/, so core/ can type with them
+    "runtime_protocol": {"core", "engines", "runtime", "sim", "scheduler", "envs", "hal"},
     # the user-code pool is below everything that runs user code (core, envs): it knows
     # callables and pickles, nothing of rollouts, engines or environments
     "usercode": {"core", "engines", "runtime", "sim", "scheduler", "envs", "hal", "config",
@@ -54,8 +57,46 @@ def test_no_package_level_import_cycle():
     assert cycles(package_graph()) == []
 
 
+# Module cycles not yet taken apart; one that is must leave this list (the test fails)
+KNOWN_MODULE_CYCLES = [
+    # plan_memory asks fixes.py for fixes, which builds on memory_plan's helpers (lazily)
+    ["eddyrl.plan.fixes", "eddyrl.plan.memory_plan"],
+]
+
+
+def test_no_module_level_import_cycle():
+    assert cycles(graph()) == KNOWN_MODULE_CYCLES
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_importing_sibling_modules_is_no_dependency_on_their_package():
+    from .import_graph import _imports
+
+    tree = ast.parse("from . import a, b\nfrom . import helper\nfrom .c import thing\n")
+    modules = frozenset({"p", "p.a", "p.b", "p.c", "p.m"})
+    assert _imports(tree, "p.m", False, modules) == {"p.a", "p.b", "p.helper", "p", "p.c",
+                                                     "p.c.thing"}
+    assert _imports(ast.parse("from . import a\n"), "p.m", False, modules) == {"p.a"}
+
+
+# `runtime: Any  # runtime.Runtime`: a seam typed in a comment, unchecked; core/ can import
+# the protocols it means (`runtime_protocol.py`, `protocol.py`) or name them under TYPE_CHECKING
+COMMENT_TYPED = re.compile(r"\w+\s*:\s*Any\b[^#\n]*#\s*`?(\w+\.)*[A-Z]\w*")
+
+
+def test_core_types_its_seams_in_code_not_comments():
+    found = lines_matching("core", COMMENT_TYPED)
+    assert not found, "type these with the real type:\n" + "\n".join(found)
+
+
+def test_the_seam_check_finds_a_type_in_a_comment():
+    assert COMMENT_TYPED.search("    runtime: Any  # runtime.protocol.Runtime")
+    assert COMMENT_TYPED.search("    episode: Any = None  # episodes.EpisodeRun: multi-turn")
+    assert not COMMENT_TYPED.search("    meta: dict[str, Any]  # JSON")
+    assert not COMMENT_TYPED.search("    _ids: Any = field(default_factory=itertools.count)")
 
 
 def test_sans_io_modules_load_no_torch_and_no_ray():
@@ -69,17 +110,15 @@ def test_sans_io_modules_load_no_torch_and_no_ray():
 
 
 def test_core_asks_the_runtime_no_getattr_question():
-    found = [f"{path.relative_to(ROOT.parent)}:{number}: {line.strip()}"
-             for path in (ROOT / "core").rglob("*.py")
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             if re.search(r"(getattr|hasattr)\(\s*self\.runtime|getattr\(\s*runtime", line)]
+    found = lines_matching(
+        "core", re.compile(r"(getattr|hasattr)\(\s*self\.runtime|getattr\(\s*runtime"))
     assert not found, "\n".join(found)
 
 
 def _runtimes():
     from eddyrl.observability.tracing import TracingRuntime, _traced_class
     from eddyrl.runtime.inprocess import InProcessRuntime
-    from eddyrl.runtime.protocol import Checkpointable, Elastic, Plannable, Recoverable
+    from eddyrl.runtime_protocol import Checkpointable, Elastic, Plannable, Recoverable
     from eddyrl.sim.runtime import SimRuntime
 
     ray = pytest.importorskip("eddyrl.runtime.ray")
@@ -91,7 +130,7 @@ def _runtimes():
 
 
 def test_every_runtime_conforms_to_the_protocols_it_claims():
-    from eddyrl.runtime.protocol import CAPABILITIES, Runtime, conforms
+    from eddyrl.runtime_protocol import CAPABILITIES, Runtime, conforms
 
     for cls, claimed in _runtimes():
         assert conforms(cls, Runtime) == [], cls
@@ -104,7 +143,7 @@ def test_every_runtime_conforms_to_the_protocols_it_claims():
 
 
 def test_conforms_names_a_wrong_signature():
-    from eddyrl.runtime.protocol import Runtime, conforms
+    from eddyrl.runtime_protocol import Runtime, conforms
 
     class Wrong:
         workers: list

@@ -56,13 +56,14 @@ def test_process_mode_refuses_what_cannot_be_sent_to_a_worker_process():
 def test_prepare_builds_the_pools_user_code_describes_and_closes_them(tiny_model_dir,
                                                                        tmp_path):
     from eddyrl.envs.hosting import EnvHost
-    from eddyrl.launch import close_user_code, prepare
+    from eddyrl.launch import prepare
 
     config = load_config(overrides=[
         "data.task=tool_add", "env.name=calculator", "env.options.syntax=tiny",
         "data.train_size=4", "data.eval_size=2", "user_code.reward.mode=process",
         "user_code.reward.workers=1", "user_code.env.mode=process", "user_code.env.workers=1"])
-    _, _, _, settings, reward = prepare(config, tiny_model_dir, tmp_path)
+    run = prepare(config, tiny_model_dir, tmp_path)
+    settings, reward = run.settings, run.reward
     assert isinstance(settings.env, EnvHost) and settings.env.mode == "process"
     assert reward.pool.mode == "process" and reward.timeout_s == 60.0
 
@@ -71,7 +72,7 @@ def test_prepare_builds_the_pools_user_code_describes_and_closes_them(tiny_model
 
     (score, pids) = asyncio.run(scenario())
     assert score == (1.0, None) and len(pids) == 1 and pids[0] != os.getpid()
-    close_user_code(settings, reward)
+    run.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and _alive(pids[0]):
         time.sleep(0.05)

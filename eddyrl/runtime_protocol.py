@@ -17,7 +17,10 @@ lacks is refused there by name:
 The implementations: `runtime.ray.RayRuntime` (all four), `sim.runtime.SimRuntime` (elastic,
 plannable), `runtime.inprocess.InProcessRuntime` (none: evaluation and tests) and
 `observability.tracing.traced(runtime)`, which has exactly the capabilities of the runtime it
-wraps. `conforms` checks a class against a protocol by its signatures (tests/runtime).
+wraps. `conforms` checks a class against a protocol by its signatures (tests/structure).
+
+It sits beside `protocol.py`, not in `runtime/`, and imports only that module, so `core/` can
+type its seams with it without importing a runtime.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
 
-from ..protocol import EngineStats, GenerationRequest, GenerationResult
+from .protocol import EngineStats, GenerationRequest, GenerationResult
 
 
 @runtime_checkable
@@ -105,6 +108,16 @@ class Plannable(Protocol):
         """Every rollout worker decodes up to `max_batch_size` sequences together, new weights
         reaching running ones or not; returns the version each worker hosts."""
         ...
+
+
+# A runtime together with one capability: what a driver that needs it holds (`eddyrl.build`
+# hands one over only after its isinstance check). Types only, never checked against.
+class ElasticRuntime(Runtime, Elastic, Protocol):
+    ...
+
+
+class PlannableRuntime(Runtime, Plannable, Protocol):
+    ...
 
 
 CAPABILITIES: tuple[type, ...] = (Elastic, Recoverable, Checkpointable, Plannable)
