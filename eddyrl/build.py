@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .core.adaptive_driver import AdaptiveDriver, NoAdaptive
 from .core.batching import build_train_batch
+from .core.idle import IdleWatch, reward_name
 from .core.controller import Controller, LoopSettings
 from .core.elastic_driver import ElasticDriver, NoElastic, build_pool, parse_schedule
 from .core.episodes import Episodes, NoEpisodes
@@ -78,7 +79,8 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
         runtime, settings, rollout, window, replay,
         PromptQueue(train_prompts, loop.batch_prompts, settings.seed), train_prompts,
         eval_prompts, reward, build_batch, elastic=_elastic(settings, runtime, rollout),
-        log=log, ledger=ledger)
+        log=log, ledger=ledger,
+        idle=IdleWatch(loop.max_idle_steps, decode, reward_name(reward.fn)))
     if window_config.refill == "stream":
         rollout.on_collect = controller.fill_pipeline
     return controller

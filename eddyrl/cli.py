@@ -122,6 +122,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     console.print(f"held-out accuracy: {summary['initial_eval_accuracy']:.3f} -> "
                   f"{summary['final_eval_accuracy']:.3f} in {summary['wall_seconds']:.0f} s "
                   f"({summary['steps']} steps)", highlight=False)
+    if summary.get("stopped_early"):  # a run that could not learn (core/idle.py)
+        console.print(summary["stopped_early"], highlight=False, markup=False)
+        print(summary_path)
+        return 1
     print(summary_path)
     return 0
 

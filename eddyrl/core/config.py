@@ -46,6 +46,9 @@ class LoopConfig:
     eval_temperature: float = 0.0  # 0: greedy held-out accuracy
     # stop after the step that crosses this runtime time (0 or inf: no limit)
     max_seconds: float = inf_allowed(0.0, "no limit, as 0")
+    # steps in a row that train no sample before the run stops, saying why (core/idle.py);
+    # 0: never
+    max_idle_steps: int = 10
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.steps", self.steps, 0)
@@ -53,6 +56,7 @@ class LoopConfig:
         check_range(f"{prefix}.eval_every", self.eval_every, 0)
         check_temperature(f"{prefix}.eval_temperature", self.eval_temperature)  # 0: greedy
         check_range(f"{prefix}.max_seconds", self.max_seconds, 0, allow_inf=True)
+        check_range(f"{prefix}.max_idle_steps", self.max_idle_steps, 0)
 
 
 Refill = Literal["batch", "stream"]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..protocol import Group, SamplingParams
 from ..tasks.prompts import Prompt, PromptQueue, PromptSet
+from .idle import IdleWatch
 from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
 from .ledger import Ledger
@@ -90,6 +91,8 @@ class Controller:
     build_batch: Callable[..., Any]
     elastic: ElasticDriver | NoElastic = field(default_factory=NoElastic)
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
+    # stops a run that trains nothing, saying why (`loop.max_idle_steps`); None: never
+    idle: IdleWatch | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: Ledger = field(default_factory=Ledger)
     _ids: Any = field(default_factory=itertools.count)
@@ -132,6 +135,7 @@ class Controller:
             initial = await self.evaluate()
             self._emit({"step": 0, **initial})
         step = first = self.history[-1]["step"]
+        stopped = None  # why the run stopped before loop.steps, when it did
         for step in range(first + 1, loop.steps + 1):
             self.ledger.step = step
             metrics = await self.step()
@@ -141,6 +145,9 @@ class Controller:
                     or out_of_time:
                 metrics.update(await self.evaluate())
             self._emit({"step": step, **metrics})
+            if self.idle is not None and self.idle.stepped(metrics.get("samples_trained", 0)):
+                stopped = self.idle.message()
+                break
             if out_of_time:
                 break
             if self.checkpoint is not None and step < loop.steps:
@@ -158,6 +165,7 @@ class Controller:
                 **({"reward_first_error": self.reward.first_error}
                    if getattr(self.reward, "first_error", None) else {}),
                 "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
+                **({"stopped_early": stopped} if stopped else {}),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
                 **({"stray_results": dict(self.rollout.stray)} if self.rollout.stray else {}),
@@ -285,6 +293,8 @@ class Controller:
                                             self.settings.sampling, Purpose.REFILL)
             generated += groups
             kept += self._drop_uninformative(groups)
+        if self.idle is not None:
+            self.idle.saw(generated)
         return kept, rollout_metrics(generated, self.reward.errors)
 
     def _drop_uninformative(self, groups: list[Group]) -> list[Group]:
@@ -311,6 +321,8 @@ class Controller:
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
                                                  sampling, Purpose.EVAL)
         rewards = [g.trajectories[0].reward for g in groups]
+        if self.idle is not None and not self.history:  # the starting model's evaluation
+            self.idle.check_initial(groups)
         env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before)
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}

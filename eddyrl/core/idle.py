@@ -1,0 +1,105 @@
+"""A run that cannot learn stops and says why (`loop.max_idle_steps`).
+
+GRPO learns from a group only when its rewards differ: a reward that always returns the same
+value (a wrong answer format, a `max_new_tokens` that cuts every answer off, a reward function
+that fails on every sample) gives steps that train no sample, and a run of them is the most
+expensive mistake a user can make on a cluster: it used to go on to the last step and report
+success. `IdleWatch` counts the steps in a row that trained no sample; after `limit` of them
+the controller stops the run with `message()`: three sampled responses with their answers and
+rewards, the share of groups whose rewards were all equal, the reward function, and the likely
+causes. Before training, `check_initial` warns when every held-out reward of the warm start is
+the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..protocol import Group
+
+log = logging.getLogger(__name__)
+
+SHOWN = 3  # sampled responses in the message
+TEXT_CHARS = 160  # of each response and answer shown
+
+
+@dataclass
+class IdleWatch:
+    """Steps in a row that trained no sample, and what those steps generated."""
+
+    limit: int  # loop.max_idle_steps; 0: never stop
+    decode: Callable[[list[int]], str]
+    reward_name: str  # the reward function, as the message names it
+    idle: int = 0
+    generated: int = 0  # groups generated during the idle steps
+    equal: int = 0  # of them, groups whose rewards were all equal
+    examples: list[tuple[str, str, float, str | None]] = field(default_factory=list)
+
+    def saw(self, groups: Sequence[Group]) -> None:
+        """A step's generated groups (kept or dropped)."""
+        self.generated += len(groups)
+        self.equal += sum(not g.is_informative() for g in groups)
+        for group in groups:
+            if group.trajectories:
+                t = group.trajectories[0]
+                self.examples = (self.examples + [(self.decode(t.result.token_ids),
+                                                   group.answer, t.reward,
+                                                   t.reward_error)])[-SHOWN:]
+
+    def stepped(self, samples_trained: int) -> bool:
+        """After a step: True when the run should stop (the limit reached)."""
+        if samples_trained:
+            self.idle = self.generated = self.equal = 0
+            return False
+        self.idle += 1
+        return bool(self.limit) and self.idle >= self.limit
+
+    def check_initial(self, groups: Sequence[Group]) -> None:
+        """Warn when every held-out reward of the starting model is the same."""
+        trajectories = [(g, t) for g in groups for t in g.trajectories]
+        warning = check_initial([t.reward for _, t in trajectories],
+                                [(self.decode(t.result.token_ids), g.answer, t.reward)
+                                 for g, t in trajectories], self.reward_name)
+        if warning:
+            log.warning(warning)
+
+    def message(self) -> str:
+        share = self.equal / self.generated if self.generated else 1.0
+        lines = [f"stopped: no sample was trained in the last {self.idle} steps "
+                 f"(loop.max_idle_steps={self.limit}); {share:.0%} of the {self.generated} "
+                 f"groups generated had all rewards equal, so every advantage was 0. "
+                 f"Reward function: {self.reward_name}. Sampled responses:"]
+        for response, answer, reward, error in self.examples:
+            scored = f"reward {reward:g}" + (f" (error: {error})" if error else "")
+            lines.append(f"  response {_cut(response)!r} | answer {_cut(answer)!r} | {scored}")
+        lines.append("Likely causes: the reward returns the same value for every response "
+                     "(check it on these), the answer's format is not what the reward "
+                     "expects, or rollout.max_new_tokens cuts answers off. Set "
+                     "loop.max_idle_steps=0 to train on regardless.")
+        return "\n".join(lines)
+
+
+def check_initial(rewards: Sequence[float], examples: Sequence[tuple[str, str, float]],
+                  reward_name: str) -> str | None:
+    """A warning when every held-out reward of the starting model is the same (None: they
+    differ, or there are too few to tell)."""
+    if len(rewards) < 2 or max(rewards) > min(rewards):
+        return None
+    shown = "; ".join(f"response {_cut(r)!r}, answer {_cut(a)!r}"
+                      for r, a, _ in list(examples)[:SHOWN])
+    return (f"every held-out response of the starting model got reward {rewards[0]:g} from "
+            f"{reward_name}: if the training samples score alike too, nothing will train "
+            f"(the run stops after loop.max_idle_steps such steps). E.g. {shown}")
+
+
+def reward_name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module}:{name}" if module else name
+
+
+def _cut(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS] + "..."
