@@ -174,13 +174,16 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from .config import load_config
+    from .config.resumed import load_eval_config
     from .launch import evaluate_checkpoint
 
     path, overrides = _split_config_args(ns.args)
-    config = load_config(path, overrides)
+    # a run's checkpoint is scored with the run's saved config (its data, reward, task)
+    config, checkpoint, source = load_eval_config(ns.checkpoint, path, overrides)
+    if source:
+        print(source, file=sys.stderr)
     with tempfile.TemporaryDirectory() as data_dir:
-        result = evaluate_checkpoint(config, ns.checkpoint, Path(data_dir),
+        result = evaluate_checkpoint(config, checkpoint, Path(data_dir),
                                      verify=not ns.no_verify)
     print(json.dumps(result, indent=2, sort_keys=True))
     return 0

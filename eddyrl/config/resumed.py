@@ -1,5 +1,6 @@
-"""The config a resumed run goes on with: the run's own saved `config.yaml`, with the command
-line's overrides on top, and what they change said in one line.
+"""The config a resumed run goes on with, and the one `eddy eval` scores a run's checkpoint
+with: the run's own saved `config.yaml`, with the command line's overrides on top, and what
+they change said in one line.
 
 Before, `eddy train resume=auto run_dir=R` started from the defaults: a run that had been
 started with `loop.steps=40 checkpoint.every=5` went on to step 100 with no checkpoints, and
@@ -85,3 +86,37 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
 def _listed(changed: list[tuple[str, Any, Any]]) -> str:
     shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:_SHOWN])
     return shown + (f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else "")
+
+
+def load_eval_config(checkpoint: str, path: str | None, overrides: Sequence[str]
+                     ) -> tuple[EddyConfig, str, str | None]:
+    """The config `eddy eval CHECKPOINT [path] [overrides]` scores with, the checkpoint to
+    score, and a line saying where the config came from (None: as given).
+
+    A checkpoint of a run (`R/checkpoint`, `R/checkpoints/step_N`, or the run directory `R`
+    itself, which means `R/checkpoint`) is scored with the run's saved config, so a model
+    trained on the user's data is evaluated on it, with the overrides on top; a config file
+    given is used as given. `data.eval_path` alone is taken for evaluation (the training
+    split is not read: the held-out file stands in for it)."""
+    target = Path(checkpoint).expanduser()
+    run_dir = _run_dir_of(target)
+    if run_dir is not None and target == run_dir:
+        target = run_dir / "checkpoint"
+    overrides = list(overrides)
+    tree = parse_overrides(overrides)
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    if data.get("eval_path") is not None and data.get("train_path") is None:
+        overrides.append(f"data.train_path={data['eval_path']}")
+    saved = run_dir / SAVED if run_dir is not None else None
+    if path is not None or saved is None or not saved.is_file():
+        return load_config(path, overrides), str(target), None
+    config = load_config(saved, [*_machine_defaults(tree), *overrides])
+    return config, str(target), f"eval: with the run's saved config ({saved})"
+
+
+def _run_dir_of(target: Path) -> Path | None:
+    """The run directory a checkpoint path belongs to (None: not a run's)."""
+    for candidate in (target, target.parent, target.parent.parent):
+        if (candidate / SAVED).is_file() and (candidate / "metrics.jsonl").exists():
+            return candidate
+    return None
