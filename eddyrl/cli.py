@@ -184,7 +184,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         print(source, file=sys.stderr)
     with tempfile.TemporaryDirectory() as data_dir:
         result = evaluate_checkpoint(config, checkpoint, Path(data_dir),
-                                     verify=not ns.no_verify)
+                                     verify=not ns.no_verify, show=ns.show)
     print(json.dumps(result, indent=2, sort_keys=True))
     return 0
 
@@ -417,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs="*")
     p.add_argument("--no-verify", action="store_true",
                    help="score a run checkpoint without checking it against its manifest")
+    p.add_argument("--show", type=int, default=0, metavar="N",
+                   help="also print the first N held-out prompts with the model's response, "
+                   "the answer and the reward")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("report", help="PNG plots of a run into <run_dir>/report/: reward and "

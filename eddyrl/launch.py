@@ -26,6 +26,7 @@ from .protocol import SamplingParams
 from .run_dir import RunDirectory, write_atomic
 from .errors import ConfigError
 from .hal import get_platform
+from .observability.samples import sample_rows
 from .observability.sinks import open_sinks
 from .observability.trace import Trace
 from .observability.tracing import TracingRuntime, flush_at_checkpoints
@@ -105,10 +106,11 @@ def _plan_cost(config: EddyConfig, model_path: str):
 
 
 def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
-                        verify: bool = True) -> dict[str, float]:
+                        verify: bool = True, show: int = 0) -> dict[str, Any]:
     """Held-out accuracy of a saved model, with the same evaluation as `eddy train`. A run
     checkpoint (a directory with a manifest, or a `step_N` directory) is verified against its
-    manifest first unless `verify` is False; a plain model directory has nothing to check."""
+    manifest first unless `verify` is False; a plain model directory has nothing to check.
+    `show`: the first that many held-out samples go into the result (`samples`)."""
     from . import checkpoints
     from .engines.registry import load_engine_class
     from .engines.training.lora import adapter_base, merged_state
@@ -139,6 +141,10 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
         **rollout.engine_options)
     controller = build_controller(settings, InProcessRuntime(engine), run.train_set,
                                   run.eval_set, decode=run.decode, reward=run.reward)
+    controller.idle = None  # nothing trains here: no warning about training
+    shown: list[dict[str, Any]] = []
+    controller.on_samples = lambda version, groups: shown.extend(
+        sample_rows(groups, run.decode, show))
 
     async def evaluate() -> dict[str, float]:
         if weights is not None:
@@ -150,7 +156,7 @@ def evaluate_checkpoint(config: EddyConfig, checkpoint: str, data_dir: Path,
     finally:
         run.close()
     return {**result, "eval_prompts": len(run.eval_set.prompts),
-            "reward_errors": run.reward.errors}
+            "reward_errors": run.reward.errors, **({"samples": shown} if show else {})}
 
 
 def train(config: EddyConfig, on_step: Callable[[dict[str, Any]], None] = lambda m: None,
@@ -236,6 +242,9 @@ def _run(run: ResolvedRun, on_step, stack: contextlib.ExitStack, run_dir: Path,
         stack.callback(lambda: runtime.close().write(str(run_dir / "trace.json")))
     controller = build_controller(run.settings, runtime, run.train_set, run.eval_set,
                                   decode=run.decode, reward=reward, log=log)
+    if config.observe.samples:  # readable samples at each evaluation (samples.jsonl, ...)
+        controller.on_samples = lambda version, groups: metrics_file.samples(
+            version, sample_rows(groups, run.decode, config.observe.samples))
     controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
     if isinstance(runtime, TracingRuntime):
         controller.checkpoint = flush_at_checkpoints(

@@ -150,6 +150,7 @@ def begin(point: ResumePoint, run_dir: Path) -> Path | None:
         os.rename(final, retired / FINAL)
         moved.append(retired / FINAL)
     restart_metrics(run_dir / "metrics.jsonl", point, retired)
+    _cut_samples(run_dir / "samples.jsonl", point.step, retired)
     if not moved:
         if retired.is_dir():  # only metrics lines were dropped: they are in there
             log.warning(f"going on from '{point.path}': the metrics of later steps are kept "
@@ -262,6 +263,20 @@ def restart_metrics(path: Path, point: ResumePoint, keep_dropped: Path | None = 
         log.warning(f"{path}: dropped {len(dropped)} line(s) that are not the checkpoint's "
                     f"history up to step {point.step}; the resumed run takes later steps again")
     return len(dropped)
+
+
+def _cut_samples(path: Path, step: int, keep_dropped: Path) -> None:
+    """`samples.jsonl` (observability/samples.py) as of the checkpoint: the samples of later
+    steps go into `keep_dropped` (the resumed run writes those steps' again)."""
+    if not path.is_file():
+        return
+    kept, dropped = [], []
+    for line in path.read_text().splitlines():
+        (kept if (_step_of_line(line) or 0) <= step else dropped).append(line)
+    if dropped:
+        keep_dropped.mkdir(parents=True, exist_ok=True)
+        (keep_dropped / path.name).write_text("".join(line + "\n" for line in dropped))
+        write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def _agrees(line: str, logged: dict) -> bool:

@@ -91,6 +91,9 @@ class Controller:
     build_batch: Callable[..., Any]
     elastic: ElasticDriver | NoElastic = field(default_factory=NoElastic)
     log: Callable[[dict[str, Any]], None] = lambda metrics: None
+    # each evaluation's groups with the policy version they were scored at: the run keeps
+    # a few as readable samples (observability/samples.py)
+    on_samples: Callable[[int, list[Group]], None] = lambda version, groups: None
     # stops a run that trains nothing, saying why (`loop.max_idle_steps`); None: never
     idle: IdleWatch | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -323,6 +326,7 @@ class Controller:
         rewards = [g.trajectories[0].reward for g in groups]
         if self.idle is not None and not self.history:  # the starting model's evaluation
             self.idle.check_initial(groups)
+        self.on_samples(self.version, groups)
         env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before)
         return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}

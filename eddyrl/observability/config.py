@@ -19,8 +19,14 @@ class ObserveConfig:
     wandb_entity: str | None = None  # team or user; None: wandb's default
     # <run_dir>/trace.json: every worker's activity (Perfetto / Chrome trace, ui.perfetto.dev)
     trace: bool = True
+    # held-out samples (prompt, response, answer, reward) kept at each evaluation: the first N
+    # held-out prompts, in <run_dir>/samples.jsonl and TensorBoard / W&B when on; 0: none
+    samples: int = 4
 
     def validate(self, prefix: str) -> None:
+        if not isinstance(self.samples, int) or self.samples < 0:
+            raise ConfigError(f"config key '{prefix}.samples' = {self.samples!r}: a number of "
+                              "held-out samples to keep at each evaluation, 0 or more")
         for key in ("wandb_project", "wandb_entity"):
             value = getattr(self, key)
             if value is not None and not str(value).strip():

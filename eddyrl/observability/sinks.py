@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..run_dir import open_no_follow
 from .config import ObserveConfig
+from .samples import SAMPLES, SamplesFile, markdown
 
 
 class MetricsFile:
@@ -74,6 +75,10 @@ class TensorBoardSink:
                 self.writer.add_scalar(tag, value, step)
         self.writer.flush()  # steps are seconds apart: a crash loses nothing logged
 
+    def samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", markdown(rows), step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -96,6 +101,15 @@ class WandbSink:
         step = int(values.pop("step", 0))
         self.run.log(values, step=step)
 
+    def samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        import wandb
+
+        columns = ["prompt", "response", "answer", "reward"]
+        table = wandb.Table(columns=columns,
+                            data=[[str(row[c]) if c != "reward" else row[c] for c in columns]
+                                  for row in rows])
+        self.run.log({"samples": table}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -109,6 +123,12 @@ class Sinks:
     def __call__(self, metrics: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink(metrics)
+
+    def samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Held-out samples to every sink that keeps them (observability/samples.py)."""
+        for sink in self.sinks:
+            if hasattr(sink, "samples"):
+                sink.samples(step, rows)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -140,4 +160,7 @@ def open_sinks(config: ObserveConfig, run_dir: Path, run_config: dict[str, Any] 
     except BaseException:
         Sinks(sinks).close()
         raise
-    return Sinks([MetricsFile(run_dir / "metrics.jsonl"), *sinks])
+    files: list[Any] = [MetricsFile(run_dir / "metrics.jsonl")]
+    if config.samples:
+        files.append(SamplesFile(run_dir / SAMPLES))
+    return Sinks([*files, *sinks])

@@ -49,7 +49,7 @@ def test_jsonl_and_tensorboard_sinks_write_every_step(tmp_path):
     if sinks.summary_writer_class() is None:
         pytest.skip("neither tensorboard nor tensorboardX is installed")
     log = sinks.open_sinks(ObserveConfig(), tmp_path)
-    assert log.names() == ["MetricsFile", "TensorBoardSink"]
+    assert log.names() == ["MetricsFile", "SamplesFile", "TensorBoardSink"]
     for metrics in STEPS:
         log(metrics)
     log.close()
@@ -88,11 +88,11 @@ def test_a_resumed_run_tells_tensorboard_to_drop_the_steps_it_runs_again(tmp_pat
 
 def test_tensorboard_off_or_missing(tmp_path, monkeypatch):
     assert sinks.open_sinks(ObserveConfig(tensorboard=False), tmp_path).names() == \
-        ["MetricsFile"]
+        ["MetricsFile", "SamplesFile"]
     monkeypatch.setattr(sinks, "summary_writer_class", lambda: None)
     other = tmp_path / "b"
     other.mkdir()
-    assert sinks.open_sinks(ObserveConfig(), other).names() == ["MetricsFile"]  # auto
+    assert sinks.open_sinks(ObserveConfig(samples=0), other).names() == ["MetricsFile"]  # auto
     third = tmp_path / "c"
     third.mkdir()
     with pytest.raises(ConfigError, match=r"observe.tensorboard = true needs tensorboard or "
@@ -116,7 +116,7 @@ def test_wandb_offline_logs_scalars(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     log = sinks.open_sinks(ObserveConfig(tensorboard=False, wandb_project="eddy-test"),
                            tmp_path, {"seed": 3})
-    assert log.names() == ["MetricsFile", "WandbSink"]
+    assert log.names() == ["MetricsFile", "SamplesFile", "WandbSink"]
     run = log.sinks[1].run
     assert run.config["seed"] == 3 and run.name == tmp_path.name
     for metrics in STEPS:
