@@ -51,8 +51,9 @@ def test_train_then_resume_auto_continues_exactly(tiny_model_dir, tmp_path):
     (retired,) = (tmp_path / "checkpoints" / "retired").iterdir()
     assert third["resumed_from"].endswith("step_000002")
     assert sorted(p.name for p in retired.iterdir()) == ["checkpoint", "metrics.jsonl",
-                                                          "step_000003"]
+                                                          "samples.jsonl", "step_000003"]
     assert [json.loads(line)["step"] for line in (retired / "metrics.jsonl").open()] == [3]
+    assert {json.loads(line)["step"] for line in (retired / "samples.jsonl").open()} == {3}
     old, new = (_safetensors(d) for d in (retired / "step_000003",
                                           tmp_path / "checkpoints" / "step_000003"))
     assert any(not torch.equal(old[name], new[name]) for name in old)  # the new branch

@@ -204,10 +204,14 @@ def test_configure_changes_batch_size_and_partial_rollout_while_running(engine,
                                                                        tiny_model_dir):
     """The adaptive scheduler's plans: a smaller batch from the next chunk on; switching
     partial rollout on applies weights that were waiting for running requests to drain."""
+    # read from disk before the requests start: on a loaded machine, reading them while the
+    # requests ran let vLLM finish both first, and nothing was left to delay the weights for
+    weights = _shifted_weights(tiny_model_dir, 1)
+
     async def scenario():
         task = asyncio.create_task(_collect(engine, _requests(2, max_new=80)))
         await _until_generated(engine, 10)
-        await engine.load_weights(1, _shifted_weights(tiny_model_dir, 1))
+        await engine.load_weights(1, weights)
         assert engine.stats().staged_version == 1  # delayed: requests still running
         engine.configure(partial_rollout=True, max_batch_size=2)
         assert engine.version == 1 and engine.stats().staged_version is None

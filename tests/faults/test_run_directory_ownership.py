@@ -211,9 +211,11 @@ def test_deleting_the_lock_file_lets_no_second_run_in(tmp_path):
     RunDirectory.claim(tmp_path).release()  # the holder ended: free again
 
 
+# The child says so once its fork hooks have run (os.fork returns in the child after them):
+# before that it holds the inherited descriptor, however briefly.
 FORKER = ("import os, sys\nfrom eddyrl.run_dir import RunDirectory\n"
           "RunDirectory.claim(sys.argv[1])\npid = os.fork()\n"
-          "if pid == 0:\n    sys.stdin.read()\n    os._exit(0)\n"
+          "if pid == 0:\n    print('child', flush=True)\n    sys.stdin.read()\n    os._exit(0)\n"
           "print(pid, flush=True)\nos._exit(0)\n")
 
 
@@ -222,7 +224,9 @@ def test_a_forked_child_does_not_keep_the_lock_after_the_run_ends(tmp_path, capl
     from the run would keep the directory locked after the run died."""
     run = subprocess.Popen([sys.executable, "-c", FORKER, str(tmp_path)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    child = int(run.stdout.readline())
+    lines = {run.stdout.readline().strip(), run.stdout.readline().strip()}
+    assert "child" in lines, lines  # its hooks have run
+    (child,) = (int(line) for line in lines if line != "child")
     try:
         run.wait(timeout=120)
         with caplog.at_level(logging.WARNING):
