@@ -235,14 +235,21 @@ def _entry(path: Path) -> str:
     return f"'{path.name}/'" if path.is_dir() and not path.is_symlink() else f"'{path.name}'"
 
 
+# Folders other programs keep in a run directory, with links of their own that Eddy never
+# writes through (W&B's `latest-run`): looked at, not into.
+_NOT_EDDYS = ("wandb",)
+
+
 def _links(path: Path) -> list[Path]:
-    """The symbolic links under `path`, none followed."""
+    """The symbolic links under `path`, none followed (nor looked for inside `_NOT_EDDYS`)."""
     found = []
     for root, dirs, files in os.walk(path, followlinks=False):
         for name in sorted(dirs + files):
             entry = Path(root) / name
             if entry.is_symlink():
                 found.append(entry)
+        if Path(root) == path:
+            dirs[:] = [d for d in dirs if d not in _NOT_EDDYS]
     return found
 
 

@@ -307,3 +307,19 @@ def test_a_run_without_usable_checkpoints_is_not_sent_to_resume_auto(tmp_path):
     assert "go on with resume=auto" not in str(rerun.value)
     with pytest.raises(ConfigError, match="none of its checkpoints under .* can be used"):
         train(train_config(tmp_path, "loop.steps=2", "resume=auto"))
+
+
+def test_links_inside_wandbs_own_folder_are_wandbs(tmp_path):
+    """W&B keeps links in <run_dir>/wandb (latest-run); Eddy never writes there, so a resume of
+    a run logged to W&B is not refused for them. The folder itself as a link still is."""
+    run = tmp_path / "run"
+    (run / "wandb" / "run-1").mkdir(parents=True)
+    (run / LOCK).write_text("")
+    (run / "wandb" / "latest-run").symlink_to(run / "wandb" / "run-1")
+    RunDirectory.claim(run).release()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / LOCK).write_text("")
+    (other / "wandb").symlink_to(run / "wandb")
+    with pytest.raises(ConfigError, match="holds symbolic links: 'wandb'"):
+        RunDirectory.claim(other)
