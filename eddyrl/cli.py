@@ -67,6 +67,12 @@ def cmd_config_show(ns: argparse.Namespace) -> int:
         config = load_scenario(resolved, overrides)
     else:  # without the model's files: a recipe shows before its model is downloaded
         config = load_config(resolved, overrides, check_files=False)
+    if getattr(ns, "diff", False):  # what a mode or recipe changes, and nothing else
+        from .config.resumed import differences
+
+        for key, _, value in differences(type(config)(), config):
+            print(f"{key}: {json.dumps(value)}")
+        return 0
     print(to_yaml(config), end="")
     return 0
 
@@ -348,9 +354,19 @@ Ctrl-C, SIGTERM or SIGHUP stops a run and says how to resume it (exit status 130
 """
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("eddyrl")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eddy", description="RL post-training of LLMs on "
                                      "GPUs, Ascend NPUs and CPUs.")
+    parser.add_argument("--version", action="version", version=f"eddy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("platforms", help="list known platforms and whether each is usable "
@@ -468,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = config_sub.add_parser("show", help="print the resolved config: "
                               "[file.yaml | bundled name] [key=value ...]")
     p.add_argument("args", nargs="*")
+    p.add_argument("--diff", action="store_true",
+                   help="only the keys whose values differ from the defaults")
     p.set_defaults(func=cmd_config_show)
     return parser
 

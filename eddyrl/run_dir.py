@@ -74,15 +74,17 @@ class RunDirectory:
     """One run's hold on its directory: `claim` it, `release` it (or use it as a context
     manager); between the two, no other run can claim it."""
 
-    def __init__(self, path: Path, dir_fd: int, lock_fd: int) -> None:
+    def __init__(self, path: Path, dir_fd: int, lock_fd: int, created: bool = False) -> None:
         self.path = path
         self._dir_fd: int | None = dir_fd
         self._fd: int | None = lock_fd
+        self.created = created  # the claim made the directory: a run that wrote nothing removes it
         _HELD.add(path.resolve())
 
     @classmethod
     def claim(cls, path: Path | str) -> RunDirectory:
         path = Path(path)
+        created = not os.path.lexists(path)  # (False for a name too long: _make says so)
         _make(path)
         if path.resolve() in _HELD:  # a process's own second claim: refused by name
             raise ConfigError(f"run_dir '{path}' is in use by another run of this process; "
@@ -101,7 +103,7 @@ class RunDirectory:
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(),
                   0)
-        return cls(path, dir_fd, lock_fd)
+        return cls(path, dir_fd, lock_fd, created)
 
     def release(self) -> None:
         """Let the directory go; anything staged and not installed (a refused or failed
@@ -117,6 +119,10 @@ class RunDirectory:
             pass
         os.close(self._fd)
         self._fd = None
+        # a start refused before it wrote anything leaves no empty run directory behind
+        if self.created and [p.name for p in self.path.iterdir()] == [LOCK]:
+            (self.path / LOCK).unlink()
+            os.rmdir(self.path)
         _unlock(self._dir_fd)  # closing the directory's descriptor drops the lock
         self._dir_fd = None
         _HELD.discard(self.path.resolve())

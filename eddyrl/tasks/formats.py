@@ -100,8 +100,21 @@ def _field(record: dict, fmt: RowFormat, role: str) -> Any:
     try:
         return lookup(record, getattr(fmt, f"{role}_field"))
     except RowError as error:
-        raise RowError(f"{error}; format {fmt.name!r}: set data.fields.{role} if the rows keep "
-                       f"the {role} under another name") from None
+        fits = [other.name for other in FORMATS.values()
+                if other.name != fmt.name and _has(record, other.prompt_field)
+                and _has(record, other.answer_field)]
+        hint = (f"; the row has the fields of format {fits[0]!r}: set data.format={fits[0]}"
+                if fits else f"; format {fmt.name!r}: set data.fields.{role} if the rows keep "
+                f"the {role} under another name")
+        raise RowError(f"{error}{hint}") from None
+
+
+def _has(record: dict, dotted: str) -> bool:
+    try:
+        lookup(record, dotted)
+    except RowError:
+        return False
+    return True
 
 
 def normalize(record: Any, fmt: RowFormat) -> dict:

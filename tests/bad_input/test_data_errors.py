@@ -223,3 +223,13 @@ def test_the_first_bad_row_is_the_one_named_whichever_check_finds_it():
     with pytest.raises(ConfigError, match=r"^train.jsonl: row 2: prompt is \d+ bytes"):
         PromptSet.from_rows([rows[0], rows[2], rows[1]], "train.jsonl", build_tokenizer(), 32,
                             "error")
+
+
+def test_gsm8k_rows_read_as_plain_suggest_the_format(tmp_path):
+    """Issue 34, item 7: a file with `question`/`answer` fields and data.format=plain was
+    refused without suggesting gsm8k."""
+    path = write_jsonl(tmp_path / "train.jsonl",
+                       [{"question": "1 + 2?", "answer": "1 + 2 = 3\n#### 3"}])
+    assert splits_error(tmp_path, path) == (
+        f"data.train_path: {path}: row 1: missing field 'prompt' (fields there: 'question', "
+        "'answer'); the row has the fields of format 'gsm8k': set data.format=gsm8k")

@@ -25,3 +25,20 @@ def test_a_bad_value_in_a_recipe_is_still_refused_by_config_show(capsys):
 def test_training_the_recipe_checks_its_files():
     with pytest.raises(ConfigError, match="model.path"):
         load_config(RECIPE)  # what eddy train loads
+
+
+def test_config_show_diff_prints_only_what_a_mode_changes(capsys):
+    """Issue 34, item 7: `eddy config show modes/replay` printed all its lines, with no way to
+    see only what the mode changes."""
+    assert main(["config", "show", "modes/replay", "--diff"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "replay.max_fraction: 0.25" in lines and "window.max_staleness: 1" in lines
+    assert len(lines) < 10 and not any(line.startswith("seed:") for line in lines)
+
+
+def test_eddy_version(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("eddy ")

@@ -88,7 +88,9 @@ def test_training_into_a_project_folder_is_refused_and_deletes_nothing(tmp_path)
 def test_an_eddy_run_directory_and_an_empty_one_are_claimed(tmp_path):
     (tmp_path / "empty").mkdir()
     RunDirectory.claim(tmp_path / "empty").release()
-    RunDirectory.claim(tmp_path / "new").release()  # made
+    hold = RunDirectory.claim(tmp_path / "new")  # made
+    (tmp_path / "new" / "config.yaml").write_text("seed: 0\n")  # a run wrote into it
+    hold.release()
     # the lock file an earlier claim left marks the directory as Eddy's, whatever else is in
     (tmp_path / "new" / "notes.txt").write_text("a user's note beside a run")
     RunDirectory.claim(tmp_path / "new").release()
@@ -323,3 +325,17 @@ def test_links_inside_wandbs_own_folder_are_wandbs(tmp_path):
     (other / "wandb").symlink_to(run / "wandb")
     with pytest.raises(ConfigError, match="holds symbolic links: 'wandb'"):
         RunDirectory.claim(other)
+
+
+def test_a_refused_start_leaves_no_empty_run_directory(tmp_path):
+    """Issue 34, item 7: failed start-ups left empty `runs/<date>` folders. A directory the
+    claim made and nothing wrote into goes with the release; one that existed stays."""
+    RunDirectory.claim(tmp_path / "new").release()
+    assert not (tmp_path / "new").exists()
+    hold = RunDirectory.claim(tmp_path / "used")
+    (tmp_path / "used" / "config.yaml").write_text("seed: 0\n")
+    hold.release()
+    assert (tmp_path / "used" / "config.yaml").is_file()
+    (tmp_path / "there").mkdir()
+    RunDirectory.claim(tmp_path / "there").release()
+    assert (tmp_path / "there").is_dir()
