@@ -138,7 +138,7 @@ def latest(root: Path, load: Callable[[Path], object] | None = None
     skipped = [f"'{tmp}' is an unfinished write (a temporary directory); ignored"
                for tmp in sorted(root.glob(".step_*.tmp"))]
     found = None
-    for path in sorted(_step_dirs(root), key=step_of, reverse=True):
+    for path in sorted(step_dirs(root), key=step_of, reverse=True):
         try:
             verify(path)
             if load is not None:
@@ -164,7 +164,7 @@ def prune(root: Path, keep_last: int) -> list[Path]:
     root = Path(root)
     kept: list[Path] = []
     doomed: list[Path] = []
-    for path in sorted(_step_dirs(root), key=step_of, reverse=True):
+    for path in sorted(step_dirs(root), key=step_of, reverse=True):
         if len(kept) >= keep_last:
             if (path / MANIFEST).is_file():
                 doomed.append(path)
@@ -187,7 +187,7 @@ def retire_after(root: Path, step: int, into: Path) -> list[Path]:
     fallback abandons, good or corrupt) into the folder `into`, keeping their names; returns
     where each went. Nothing is deleted: a person can look at them, or move one back."""
     root = Path(root)
-    newer = sorted((p for p in _step_dirs(root) if step_of(p) > step), key=step_of)
+    newer = sorted((p for p in step_dirs(root) if step_of(p) > step), key=step_of)
     moved = []
     for path in newer:
         into.mkdir(parents=True, exist_ok=True)
@@ -252,10 +252,13 @@ def _known_good(path: Path) -> bool:
         return False
 
 
-def _step_dirs(root: Path) -> list[Path]:
+def step_dirs(root: Path) -> list[Path]:
+    """The `step_N` directories under `root`, oldest first (none when `root` is absent)."""
+    root = Path(root)
     if not root.is_dir():
         return []
-    return [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted((p for p in root.iterdir() if p.is_dir() and step_of(p) is not None),
+                  key=step_of)
 
 
 def _write_manifest(directory: Path, step: int) -> None:

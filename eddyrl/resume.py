@@ -101,8 +101,7 @@ def already_holds_a_run(run_dir: Path) -> ConfigError:
     instead (before: resume=auto was advised, and then refused for having no checkpoint)."""
     run_dir = Path(run_dir)
     logged = "metrics.jsonl" if (run_dir / "metrics.jsonl").is_file() else "no metrics.jsonl"
-    steps = sorted(p.name for p in (run_dir / CHECKPOINTS).glob("step_*")
-                   if checkpoints.step_of(p) is not None)
+    steps = [p.name for p in checkpoints.step_dirs(run_dir / CHECKPOINTS)]
     what = f"{logged}, {len(steps)} checkpoint(s)" + (f", the newest {steps[-1]}" if steps
                                                         else "")
     quiet = logging.getLogger(checkpoints.__name__)
@@ -171,9 +170,8 @@ def _retire_other_branch(point: ResumePoint, root: Path, into: Path) -> list[Pat
         return []  # in `root` already: the older ones are its own past (`begin` retires newer)
     history = point.state.meta["history"]
     moved = []
-    for path in sorted(root.glob("step_*")):
-        step = checkpoints.step_of(path)
-        if step is None or step > point.step or not path.is_dir():
+    for path in checkpoints.step_dirs(root):
+        if checkpoints.step_of(path) > point.step:
             continue
         try:
             older = run_state.read(path).meta["history"]

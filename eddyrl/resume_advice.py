@@ -15,7 +15,7 @@ from .errors import EddyError
 
 def how_to_go_on(run_dir: str, checkpoint_every: int) -> str:
     root = Path(run_dir) / resume.CHECKPOINTS
-    if not (root.is_dir() and any(checkpoints.step_of(p) is not None for p in root.iterdir())):
+    if not checkpoints.step_dirs(root):
         return _no_checkpoint(run_dir, checkpoint_every)
     # their warnings (a checkpoint passed over) are for a run that starts: here the line says it
     quiet = [logging.getLogger(name) for name in (resume.__name__, checkpoints.__name__)]

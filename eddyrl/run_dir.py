@@ -209,9 +209,18 @@ def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
+def open_append(path: Path):
+    """`path` opened to append text, created if absent, never through a link (the run's
+    metrics, samples and worker errors)."""
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def holds_run(path: Path) -> bool:
     """A run has logged a step (metrics.jsonl) or written a step checkpoint here."""
-    return _logged_a_step(Path(path) / METRICS) or bool(_step_checkpoints(Path(path)))
+    from .checkpoints import step_dirs
+
+    return _logged_a_step(Path(path) / METRICS) or bool(step_dirs(Path(path) / CHECKPOINTS))
 
 
 def check_owned(path: Path) -> None:
@@ -270,15 +279,6 @@ def _logged_a_step(metrics: Path) -> bool:
             except (ValueError, TypeError):
                 continue
     return False
-
-
-def _step_checkpoints(path: Path) -> list[Path]:
-    from .checkpoints import step_of
-
-    root = path / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and step_of(p) is not None)
 
 
 def _lock_directory(path: Path) -> int:

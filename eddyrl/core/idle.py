@@ -35,18 +35,18 @@ class IdleWatch:
     idle: int = 0
     generated: int = 0  # groups generated during the idle steps
     equal: int = 0  # of them, groups whose rewards were all equal
-    examples: list[tuple[str, str, float, str | None]] = field(default_factory=list)
+    # the last responses seen (token ids: decoded only if the message is shown), their
+    # answers, rewards and reward errors
+    examples: list[tuple[list[int], str, float, str | None]] = field(default_factory=list)
 
     def saw(self, groups: Sequence[Group]) -> None:
         """A step's generated groups (kept or dropped)."""
         self.generated += len(groups)
         self.equal += sum(not g.is_informative() for g in groups)
-        for group in groups:
-            if group.trajectories:
-                t = group.trajectories[0]
-                self.examples = (self.examples + [(self.decode(t.result.token_ids),
-                                                   group.answer, t.reward,
-                                                   t.reward_error)])[-SHOWN:]
+        last = [g for g in groups if g.trajectories][-SHOWN:]
+        self.examples = (self.examples + [
+            (g.trajectories[0].result.token_ids, g.answer, g.trajectories[0].reward,
+             g.trajectories[0].reward_error) for g in last])[-SHOWN:]
 
     def stepped(self, samples_trained: int) -> bool:
         """After a step: True when the run should stop (the limit reached)."""
@@ -71,7 +71,8 @@ class IdleWatch:
                  f"(loop.max_idle_steps={self.limit}); {share:.0%} of the {self.generated} "
                  f"groups generated had all rewards equal, so every advantage was 0. "
                  f"Reward function: {self.reward_name}. Sampled responses:"]
-        for response, answer, reward, error in self.examples:
+        for ids, answer, reward, error in self.examples:
+            response = self.decode(ids)
             scored = f"reward {reward:g}" + (f" (error: {error})" if error else "")
             lines.append(f"  response {_cut(response)!r} | answer {_cut(answer)!r} | {scored}")
         lines.append("Likely causes: the reward returns the same value for every response "

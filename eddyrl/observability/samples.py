@@ -9,12 +9,11 @@ Before, nothing showed a run's outputs: a user loaded the checkpoint by hand to 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..protocol import Group
-from ..run_dir import open_no_follow
+from ..run_dir import open_append
 
 SAMPLES = "samples.jsonl"  # in the run directory
 
@@ -47,8 +46,7 @@ class SamplesFile:
     """`<run_dir>/samples.jsonl`, appended at each evaluation (never through a link)."""
 
     def __init__(self, path: Path) -> None:
-        fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self.file = os.fdopen(fd, "a", encoding="utf-8")
+        self.file = open_append(path)
 
     def samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         for row in rows:

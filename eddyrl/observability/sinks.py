@@ -5,12 +5,11 @@ and is closed at the end of the run."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from ..run_dir import open_no_follow
+from ..run_dir import open_append
 from .config import ObserveConfig
 from .samples import SAMPLES, SamplesFile, markdown
 
@@ -19,9 +18,7 @@ class MetricsFile:
     """Appends one JSON object per line; flushed each step so a crash loses nothing logged."""
 
     def __init__(self, path: Path) -> None:
-        # appended, never through a link (run_dir.py)
-        fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self.file = os.fdopen(fd, "a", encoding="utf-8")
+        self.file = open_append(path)  # never through a link (run_dir.py)
 
     def __call__(self, metrics: dict[str, Any]) -> None:
         self.file.write(json.dumps(metrics, sort_keys=True) + "\n")

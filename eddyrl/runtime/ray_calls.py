@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Awaitable
 
 from .. import disk_full
-from ..errors import RayLost, WorkerCallError
+from ..run_dir import open_append
+from ..errors import EddyError, RayLost, WorkerCallError
 from .ray_errors import cause_line, plain
 from .ray_session import LocalRaySession
 
@@ -65,10 +66,11 @@ class RayCalls:
         if "\n" not in text:
             return line
         try:
-            with open(self.error_log, "a", encoding="utf-8") as log:
+            with open_append(self.error_log) as log:  # never through a link
                 log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {who} failed during "
                           f"{what}\n{text}\n")
-        except OSError as unwritable:  # a full disk, say (the log is on it): to stderr instead
+        except (OSError, EddyError) as unwritable:  # a full disk (the log is on it), a link
+            # put there during the run: to stderr instead
             print(f"eddy: {who} failed during {what} ({self.error_log} could not be written: "
                   f"{unwritable}):\n{text}", file=sys.stderr, flush=True)
             return f"{line} (traceback above, on stderr)"

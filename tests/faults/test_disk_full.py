@@ -111,12 +111,14 @@ def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
     from eddyrl.errors import EddyError, WorkerCallError
     from eddyrl.runtime import ray_calls
 
-    def full_open(path, *args, **kwargs):
+    append = ray_calls.open_append
+
+    def full_open(path):
         if str(path) == str(bare_runtime.error_log):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return open(path, *args, **kwargs)
+        return append(path)
 
-    monkeypatch.setattr(ray_calls, "open", full_open, raising=False)
+    monkeypatch.setattr(ray_calls, "open_append", full_open)
     actor = _full_disk_actor()
     with pytest.raises(WorkerCallError) as raised:
         asyncio.run(bare_runtime._call("trainer rank 0", "save", actor.save.remote("/x")))

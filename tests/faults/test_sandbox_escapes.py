@@ -197,13 +197,21 @@ def test_signalling_the_parent_kills_nothing(variant):
         result = asyncio.run(box.run(code))
         print("ALIVE", json.dumps([result.status, result.stdout, result.error]))
         """)
+    _survives(script)
+
+
+def _survives(script: str) -> subprocess.CompletedProcess:
+    """Run `script` as a sandbox's driver in a process of its own (skipped where it printed
+    SKIP) and check that the driver lived to print ALIVE."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                               os.path.abspath(__file__)))))
     if done.stdout.startswith("SKIP"):
         pytest.skip(done.stdout[5:].strip())
     assert done.returncode == 0 and "ALIVE" in done.stdout, \
-        f"the sandbox's parent ended with {done.returncode}: {done.stdout} {done.stderr[-400:]}"
+        f"the sandbox's parent ended with {done.returncode}: {done.stdout[-600:]} " \
+        f"{done.stderr[-400:]}"
+    return done
 
 
 SIGIO_ATTACK = """
@@ -249,14 +257,7 @@ def test_sigio_to_the_driver_kills_nothing(variant):
         print("ALIVE", json.dumps([result.status, result.error]))
         print(result.stdout, flush=True)
         """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.abspath(__file__)))))
-    if done.stdout.startswith("SKIP"):
-        pytest.skip(done.stdout[5:].strip())
-    assert done.returncode == 0 and "ALIVE" in done.stdout, \
-        f"the sandbox's parent ended with {done.returncode}: {done.stdout[-600:]} " \
-        f"{done.stderr[-400:]}"
+    done = _survives(script)
     lines = [line for line in done.stdout.splitlines() if line.startswith(("ok ", "no "))]
     assert [line.split()[:2] for line in lines] == [
         ["no", name] for name in ("F_SETOWN", "F_SETOWN_EX", "F_SETSIG", "FIOSETOWN",
