@@ -293,7 +293,7 @@ def cmd_bench_sim(ns: argparse.Namespace) -> int:
 
             plots = True
         except ImportError:
-            print("# no plots: pip install 'eddyrl[plots]' for matplotlib")
+            print("# no plots: pip install 'eddyrl[observe]' for matplotlib")
     rows = compare(scenario, overrides, policies,
                    on_done=lambda p, r: print(f"# {p}: {r['wall_s']:.1f} s wall", flush=True),
                    out=ns.out, plots=plots)

@@ -57,17 +57,24 @@ def platform_checks_table(platform: str, results: list, summaries: dict[str, str
 
 
 class TrainProgress:
-    """A progress bar over RL steps showing reward, held-out accuracy and rollout tokens/s."""
+    """A progress bar over RL steps: elapsed time and an ETA, reward, the last held-out accuracy
+    with the step it was measured at, rollout tokens/s. `clock` is for tests (rich's own
+    `get_time`). A resumed run's first update jumps to its step; rich's pace leaves out the
+    first sample, so the ETA counts only the steps this process ran."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, *, out: Console | None = None, clock=None) -> None:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+                                   TimeElapsedColumn, TimeRemainingColumn)
 
+        self.console = out or console
         self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-                                 console=console)
+                                 TimeElapsedColumn(), TextColumn("eta"),
+                                 TimeRemainingColumn(compact=True),
+                                 TextColumn("{task.fields[status]}"),
+                                 console=self.console, get_time=clock)
         self.task = self.progress.add_task("train", total=steps, status="starting")
         self.eval_accuracy: float | None = None
+        self.eval_step: int | None = None
 
     def __enter__(self) -> "TrainProgress":
         self.progress.start()
@@ -77,15 +84,17 @@ class TrainProgress:
         self.progress.stop()
 
     def update(self, metrics: dict) -> None:
-        self.eval_accuracy = metrics.get("eval_accuracy", self.eval_accuracy)
-        parts = [f"step {metrics['step']}"]
+        step = metrics["step"]
+        if "eval_accuracy" in metrics:
+            self.eval_accuracy, self.eval_step = metrics["eval_accuracy"], step
+        parts = [f"step {step}"]
         if "reward_mean" in metrics:
             parts.append(f"reward {metrics['reward_mean']:.3f}")
         if self.eval_accuracy is not None:
-            parts.append(f"held-out acc {self.eval_accuracy:.3f}")
+            parts.append(f"held-out acc {self.eval_accuracy:.3f} (step {self.eval_step})")
         if "tokens_per_s" in metrics:
             parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
-        self.progress.update(self.task, completed=metrics["step"], status=" | ".join(parts))
+        self.progress.update(self.task, completed=step, status=" | ".join(parts))
         if "eval_accuracy" in metrics:
-            console.print(f"step {metrics['step']}: held-out accuracy "
-                          f"{metrics['eval_accuracy']:.3f}", highlight=False)
+            self.console.print(f"step {step}: held-out accuracy {metrics['eval_accuracy']:.3f}",
+                               highlight=False)

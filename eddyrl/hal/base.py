@@ -291,6 +291,29 @@ class Platform:
                                 init_method=None if store is not None else init_method,
                                 store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        self._name_default_backend()
+
+    def _name_default_backend(self) -> None:
+        """torch (2.13) names the default group's "default backend type" on some paths of
+        `init_process_group` only: with a per-device backend string ("cpu:gloo,...") and any
+        backend plugin registered (importing FSDP registers torch's own `fake` one), it leaves
+        it undefined, and `destroy_process_group` then prints "No backend of type 0 found ...
+        Assuming no hooks are registered" into every run's output. Eddy registers no hooks, so
+        the warning is harmless; naming the type as torch does on its other paths (nccl, else
+        a plugin backend of this device, else gloo) removes it."""
+        import torch.distributed as dist
+
+        group = dist.group.WORLD
+        if group is None or group._get_backend_name() != "undefined":
+            return
+        backends = {pair.split(":")[1] for pair in self.composite_backend().split(",")}
+        kind = dist.ProcessGroup.BackendType
+        if "nccl" in backends:
+            group._set_default_backend(kind.NCCL)
+        elif any(name.upper() in dist.Backend._plugins for name in backends):
+            group._set_default_backend(kind.CUSTOM)
+        else:
+            group._set_default_backend(kind.GLOO)
 
     def new_standalone_group(self, store: Any, rank: int, world_size: int,
                              timeout_s: float = 600.0) -> Any:

@@ -164,7 +164,7 @@ def report(run_dir: str | Path) -> dict[str, Any]:
 
         matplotlib.use("Agg")
     except ImportError:
-        raise EddyError("eddy report draws with matplotlib: pip install 'eddyrl[plots]'") \
+        raise EddyError("eddy report draws with matplotlib: pip install 'eddyrl[observe]'") \
             from None
     out = run_dir / "report"
     out.mkdir(exist_ok=True)

@@ -63,7 +63,7 @@ class Trace:
     def plot(self, path: str, title: str, xlabel: str = "simulated minutes",
              unit_s: float = 60.0) -> None:
         """A PNG of every worker's activity over time (the trainer on top, then each rollout
-        instance), gaps being idle time; needs matplotlib (the `plots` extra)."""
+        instance), gaps being idle time; needs matplotlib (the `observe` extra)."""
         import matplotlib
 
         matplotlib.use("Agg")

@@ -213,7 +213,7 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
 
 def plot(rows: dict[str, dict[str, Any]], path: str, title: str) -> None:
     """Speed-up over the synchronous baseline and idle ratio by role, one bar group per
-    policy (needs matplotlib: the `plots` extra)."""
+    policy (needs matplotlib: the `observe` extra)."""
     import matplotlib
 
     matplotlib.use("Agg")

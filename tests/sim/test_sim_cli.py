@@ -66,7 +66,7 @@ def test_bench_sim_compares_policies_side_by_side(tmp_path, capsys):
         assert any(e.get("name") == "decode" for e in events), policy
     try:
         import matplotlib  # noqa: F401
-    except ImportError:  # the plots extra is not installed: no PNG, said so
+    except ImportError:  # the observe extra is not installed: no PNG, said so
         assert "no plots" in out
     else:
         for name in ("policies.png", "timeline_sync.png", "timeline_all.png"):
