@@ -18,7 +18,7 @@ from .config import EddyConfig, to_yaml
 from .core import run_state
 from .build import build_controller, loop_settings
 from .core.controller import Controller
-from .core.rewarding import SafeReward, load_reward_fn
+from .core.rewarding import SafeReward, WeightedRewards, load_reward
 from .envs.hosting import host_environments
 from .plan.check import check_memory
 from .preflight import preflight
@@ -36,6 +36,7 @@ from .runtime_protocol import Recoverable
 from .scheduler.adaptive import AdaptiveConfig
 from .scheduler.buckets import RoutingConfig
 from .scheduler.elastic import ElasticConfig
+from .tasks.config import DataConfig
 from .tasks.prompts import PromptSet, load_splits
 
 
@@ -61,9 +62,11 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path) -> ResolvedRun:
     eval_set = PromptSet.from_rows(eval_rows, eval_src, tokenizer, data.max_prompt_tokens,
                                    data.prompt_overflow)
     rollout = config.rollout
+    # data.rewards summed with their weights, else data.reward_fn
+    fn = load_reward(data.reward_fn, data.reward_specs())
     # Multi-turn: a turn also ends on the environment's stop tokens (a tool call's closing tag);
     # max_new_tokens bounds the whole episode (engines count resumed tokens against it).
-    env = config.env.build("env", tokenizer=tokenizer, reward_fn=data.reward_fn,
+    env = config.env.build("env", tokenizer=tokenizer, reward_fn=fn,
                            payload_bytes=config.routing.payload_bytes)
     stop_ids, stop_strings = [tokenizer.eos_token_id], ()
     if env is not None:
@@ -73,10 +76,9 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path) -> ResolvedRun:
                               temperature=rollout.temperature, top_p=rollout.top_p,
                               top_k=rollout.top_k, stop_token_ids=tuple(stop_ids),
                               stop_strings=stop_strings)
-    fn = load_reward_fn(data.reward_fn)
     hosted = None
     reward_pool = config.user_code.reward.build("user_code.reward", name="reward",
-                                                sent=((f"data.reward_fn {data.reward_fn!r}", fn),))
+                                                sent=_reward_functions(data, fn))
     try:
         hosted = None if env is None else host_environments(env, config.user_code.env)
         settings = loop_settings(config, sampling, tokenizer.pad_token_id,
@@ -92,6 +94,15 @@ def prepare(config: EddyConfig, model_path: str, data_dir: Path) -> ResolvedRun:
                        train_set=train_set, eval_set=eval_set, settings=settings,
                        reward=SafeReward(fn, timeout_s=data.reward_timeout_s, pool=reward_pool),
                        runtime=runtime)
+
+
+def _reward_functions(data: DataConfig, fn: Callable) -> tuple[tuple[str, Any], ...]:
+    """What the reward pool is sent, each named by its key: every term of `data.rewards`, or
+    the one `data.reward_fn`."""
+    if not isinstance(fn, WeightedRewards):
+        return ((f"data.reward_fn {data.reward_fn!r}", fn),)
+    return tuple((f"data.rewards[{i}].fn {spec.fn!r}", term.fn) for i, (spec, term)
+                 in enumerate(zip(data.reward_specs(), fn.terms)))
 
 
 def _plan_cost(config: EddyConfig, model_path: str):

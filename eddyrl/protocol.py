@@ -111,6 +111,9 @@ class Trajectory:
     result: GenerationResult
     reward: float = 0.0
     reward_error: str | None = None  # set when the reward function failed on this sample
+    # each of `data.rewards`' value by name, unweighted (`reward` is their weighted sum);
+    # None: the run has one reward function
+    reward_parts: dict[str, float] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
@@ -83,6 +83,9 @@ def _check_keys(tree: Any, schema: DictConfig, prefix: str, source: str) -> None
                 raise ConfigError(f"config key {full!r} in {source} is a section; expected a "
                                   f"mapping of its keys, got {value!r}")
             _check_keys(value, child, full + ".", source)
+        if isinstance(child, ListConfig) and isinstance(value, dict):  # else a bare TypeError
+            raise ConfigError(f"config key {full!r} in {source} is a list; expected a list of "
+                              f"entries ([...]), got the mapping {value!r}")
 
 
 # Keys that moved, old -> new. The version window's settings (how far rollout runs ahead of

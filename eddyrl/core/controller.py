@@ -29,7 +29,8 @@ from .replay import ReplayBuffer, ReplayConfig
 from .requests import Purpose
 from .rewarding import SafeReward
 from .rollout import StreamingRollout
-from .step_metrics import RolloutCounters, counters_since, rollout_metrics, step_record
+from .step_metrics import (RolloutCounters, counters_since, eval_metrics, rollout_metrics,
+                           step_record)
 from .version_window import VersionWindow
 
 from ..scheduler.adaptive import AdaptiveConfig
@@ -323,13 +324,11 @@ class Controller:
         env_before = episodes.eval_stats.metrics("eval_env/")
         groups = await self.rollout.generate_now(self._new_groups(self.eval_prompts.prompts), 1,
                                                  sampling, Purpose.EVAL)
-        rewards = [g.trajectories[0].reward for g in groups]
         if self.idle is not None and not self.history:  # the starting model's evaluation
             self.idle.check_initial(groups)
         self.on_samples(self.version, groups)
         env_metrics = counters_since(episodes.eval_stats.metrics("eval_env/"), env_before)
-        return {"eval_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-                "eval_reward_mean": sum(rewards) / len(rewards), **env_metrics}
+        return {**eval_metrics(groups), **env_metrics}
 
     def _emit(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)

@@ -6,9 +6,10 @@ that fails on every sample) gives steps that train no sample, and a run of them 
 expensive mistake a user can make on a cluster: it used to go on to the last step and report
 success. `IdleWatch` counts the steps in a row that trained no sample; after `limit` of them
 the controller stops the run with `message()`: three sampled responses with their answers and
-rewards, the share of groups whose rewards were all equal, the reward function, and the likely
-causes. Before training, `check_initial` warns when every held-out reward of the warm start is
-the same.
+rewards, the share of groups whose rewards were all equal, the reward function (each of
+`data.rewards` with its weight, and each sample's reward from each), and the likely causes.
+Before training, `check_initial` warns when every held-out reward of the warm start is the
+same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..protocol import Group
+from .rewarding import WeightedRewards
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,9 @@ class IdleWatch:
     generated: int = 0  # groups generated during the idle steps
     equal: int = 0  # of them, groups whose rewards were all equal
     # the last responses seen (token ids: decoded only if the message is shown), their
-    # answers, rewards and reward errors
-    examples: list[tuple[list[int], str, float, str | None]] = field(default_factory=list)
+    # answers, rewards, reward errors and each named reward's value (data.rewards)
+    examples: list[tuple[list[int], str, float, str | None, dict[str, float] | None]] = \
+        field(default_factory=list)
 
     def saw(self, groups: Sequence[Group]) -> None:
         """A step's generated groups (kept or dropped)."""
@@ -45,8 +48,8 @@ class IdleWatch:
         self.equal += sum(not g.is_informative() for g in groups)
         last = [g for g in groups if g.trajectories][-SHOWN:]
         self.examples = (self.examples + [
-            (g.trajectories[0].result.token_ids, g.answer, g.trajectories[0].reward,
-             g.trajectories[0].reward_error) for g in last])[-SHOWN:]
+            (t.result.token_ids, g.answer, t.reward, t.reward_error, t.reward_parts)
+            for g in last for t in g.trajectories[:1]])[-SHOWN:]
 
     def stepped(self, samples_trained: int) -> bool:
         """After a step: True when the run should stop (the limit reached)."""
@@ -71,9 +74,10 @@ class IdleWatch:
                  f"(loop.max_idle_steps={self.limit}); {share:.0%} of the {self.generated} "
                  f"groups generated had all rewards equal, so every advantage was 0. "
                  f"Reward function: {self.reward_name}. Sampled responses:"]
-        for ids, answer, reward, error in self.examples:
+        for ids, answer, reward, error, parts in self.examples:
             response = self.decode(ids)
-            scored = f"reward {reward:g}" + (f" (error: {error})" if error else "")
+            scored = f"reward {reward:g}" + (f" ({_parts(parts)})" if parts else "") + \
+                (f" (error: {error})" if error else "")
             lines.append(f"  response {_cut(response)!r} | answer {_cut(answer)!r} | {scored}")
         lines.append("Likely causes: the reward returns the same value for every response "
                      "(check it on these), the answer's format is not what the reward "
@@ -96,9 +100,16 @@ def check_initial(rewards: Sequence[float], examples: Sequence[tuple[str, str, f
 
 
 def reward_name(fn: Any) -> str:
+    """`module:function`; for several rewards, their sum: `1 * correct (m:f) + 0.2 * ...`."""
+    if isinstance(fn, WeightedRewards):
+        return " + ".join(f"{t.weight:g} * {t.name} ({reward_name(t.fn)})" for t in fn.terms)
     module = getattr(fn, "__module__", None)
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"{module}:{name}" if module else name
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in parts.items())
 
 
 def _cut(text: str) -> str:

@@ -6,10 +6,17 @@ slow or blocking reward holds up only the samples it scores, and the limit is ke
 no pool (the simulator, tests) or an inline one it calls the reward on the caller's thread, as
 the plain call `reward(response, answer)` always does: in the main thread a SIGALRM cuts it off
 at the limit.
+
+Several rewards (`data.rewards`) are one `WeightedRewards`: a reward function itself, giving
+sum(weight_i * r_i), which is what environments call. `SafeReward` scores its terms one by one,
+each guarded and limited on its own, and reports each term's value beside the sum (`Scored`),
+for the step metrics (`reward/<name>`), the samples and the evaluation. One reward function is
+the one-term case: weight 1.0 and no name, so the sum is its value and nothing more is logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -18,12 +25,67 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol, Sequence
 
-from ..plugins import load_reward_fn  # noqa: F401  (where callers load data.reward_fn from)
+from ..plugins import load_reward_fn
 from ..usercode.pool import Pool, UserCodeError
 
 RewardFn = Callable[[str, str], float]
+
+
+@dataclass(frozen=True, slots=True)
+class RewardTerm:
+    """One reward of the run's sum. `name`: what its metrics are logged under (None: the run's
+    only reward, `data.reward_fn`, logged as the combined reward and nothing more)."""
+
+    fn: RewardFn
+    weight: float = 1.0
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedRewards:
+    """`data.rewards`: the reward sum(weight_i * fn_i(response, answer)). A reward function
+    in its own right (a bundled environment scores an episode's final answer with it);
+    it pickles by reference to its terms' functions, as a process pool needs."""
+
+    terms: tuple[RewardTerm, ...]
+
+    def __call__(self, response: str, answer: str) -> float:
+        return weighted_sum(self.terms, [float(t.fn(response, answer)) for t in self.terms])
+
+
+class Scored(NamedTuple):
+    """A response's reward (the weighted sum), the error of a failed reward call (None: none
+    failed) and each named term's own, unweighted value (None: one unnamed reward)."""
+
+    reward: float
+    error: str | None
+    parts: dict[str, float] | None
+
+
+class RewardEntry(Protocol):  # tasks.config.RewardSpec: a checked entry of `data.rewards`
+    fn: str
+    weight: float
+    name: str
+
+
+def load_reward(reward_fn: str, rewards: Sequence[RewardEntry] = ()) -> RewardFn:
+    """The run's reward: `data.rewards` loaded and summed (`WeightedRewards`) when given, else
+    the one function `data.reward_fn` names. ConfigError naming the key on a problem."""
+    if not rewards:
+        return load_reward_fn(reward_fn)
+    return WeightedRewards(tuple(
+        RewardTerm(load_reward_fn(entry.fn, f"data.rewards[{index}].fn"), entry.weight,
+                   entry.name) for index, entry in enumerate(rewards)))
+
+
+def weighted_sum(terms: Sequence[RewardTerm], values: Sequence[float]) -> float:
+    """sum(weight * value); one term of weight 1.0 gives its value exactly (-0.0 included)."""
+    total = terms[0].weight * values[0]
+    for term, value in zip(terms[1:], values[1:]):
+        total += term.weight * value
+    return total
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +104,11 @@ class SafeReward:
     (`errors`, and `reasons` by why: error, timeout, lost), and the run goes on. The first
     failure of each kind is logged as a warning when it happens, its text kept (`first_error`,
     in the run's summary and end line): a reward that always fails is not silent. A
-    KeyboardInterrupt is raised on: it stops the run."""
+    KeyboardInterrupt is raised on: it stops the run.
+
+    `fn` is one reward function or a `WeightedRewards`, whose terms are each called, limited
+    and checked on their own: a failed call scores its term 0 in the sum and counts once in
+    `errors`, its message naming the term."""
 
     fn: RewardFn
     timeout_s: float | None = None
@@ -56,50 +122,78 @@ class SafeReward:
     # the first failure's text, and the kinds (`reasons`) already warned about
     first_error: str | None = field(default=None, init=False)
     _warned_reasons: set[str] = field(default_factory=set, init=False, repr=False)
+    # what is called: `fn`'s terms, or `fn` as the one unnamed term
+    terms: tuple[RewardTerm, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.terms = self.fn.terms if isinstance(self.fn, WeightedRewards) \
+            else (RewardTerm(self.fn),)
 
     def __call__(self, response: str, answer: str) -> tuple[float, str | None]:
         """Score on this thread (never the pool's)."""
-        pid = os.getpid()
-        try:
-            value = self._call(response, answer)
-        except RewardTimeout:
-            return self._fail(self._too_long(), "timeout")
-        except (Exception, SystemExit) as exc:  # user code: its failure is this sample's
-            return self._fail(f"{type(exc).__name__}: {exc}")
-        finally:
-            if os.getpid() != pid:  # a fork in the reward: the copy must not score on
-                os._exit(0)
-        return self._check(value)
+        return self._sum([self._guarded(t, response, answer) for t in self.terms])[:2]
 
     async def score(self, response: str, answer: str) -> tuple[float, str | None]:
+        """The reward and the error of `score_parts`."""
+        return (await self.score_parts(response, answer))[:2]
+
+    async def score_parts(self, response: str, answer: str) -> Scored:
         """The rollout's entry point: score one response in the pool (off the event loop
-        unless the pool is inline), the limit kept there."""
+        unless the pool is inline), the limit kept there; several terms side by side."""
         if self.pool is None or self.pool.mode == "inline":
-            return self(response, answer)
-        try:
-            value = await self.pool.call(self.fn, response, answer, timeout_s=self.timeout_s)
-        except UserCodeError as exc:
-            if exc.reason == "timeout":
-                return self._fail(f"{self._too_long()} ({exc.message})", "timeout")
-            if exc.reason == "lost":
-                return self._fail(f"reward worker lost: {exc.message}", "lost")
-            return self._fail(exc.message)
-        return self._check(value)
+            return self._sum([self._guarded(t, response, answer) for t in self.terms])
+        return self._sum(await asyncio.gather(*(self._in_pool(t, response, answer)
+                                                for t in self.terms)))
 
     def close(self) -> None:
         """Stop the pool's workers (the run is over)."""
         if self.pool is not None:
             self.pool.close()
 
-    def _call(self, response: str, answer: str) -> float:
+    def _sum(self, results: Sequence[tuple[float, str | None]]) -> Scored:
+        values = [value for value, _ in results]
+        errors = [error for _, error in results if error is not None]
+        parts = None if self.terms[0].name is None else \
+            {term.name: value for term, value in zip(self.terms, values)}
+        return Scored(weighted_sum(self.terms, values), "; ".join(errors) or None, parts)
+
+    def _guarded(self, term: RewardTerm, response: str, answer: str
+                 ) -> tuple[float, str | None]:
+        """One term's value on this thread, or 0 and the error."""
+        pid = os.getpid()
+        try:
+            value = self._call(term.fn, response, answer)
+        except RewardTimeout:
+            return self._fail(term, self._too_long(), "timeout")
+        except (Exception, SystemExit) as exc:  # user code: its failure is this sample's
+            return self._fail(term, f"{type(exc).__name__}: {exc}")
+        finally:
+            if os.getpid() != pid:  # a fork in the reward: the copy must not score on
+                os._exit(0)
+        return self._check(term, value)
+
+    async def _in_pool(self, term: RewardTerm, response: str, answer: str
+                       ) -> tuple[float, str | None]:
+        """One term's value from the pool, or 0 and the error."""
+        try:
+            value = await self.pool.call(term.fn, response, answer, timeout_s=self.timeout_s)
+        except UserCodeError as exc:
+            if exc.reason == "timeout":
+                return self._fail(term, f"{self._too_long()} ({exc.message})", "timeout")
+            if exc.reason == "lost":
+                return self._fail(term, f"reward worker lost: {exc.message}", "lost")
+            return self._fail(term, exc.message)
+        return self._check(term, value)
+
+    def _call(self, fn: RewardFn, response: str, answer: str) -> float:
         if self.timeout_s is None:
-            return self.fn(response, answer)
+            return fn(response, answer)
         if threading.current_thread() is threading.main_thread() and \
                 hasattr(signal, "SIGALRM"):
-            return _with_alarm(self.fn, (response, answer), self.timeout_s)
-        return _with_thread(self.fn, (response, answer), self.timeout_s)
+            return _with_alarm(fn, (response, answer), self.timeout_s)
+        return _with_thread(fn, (response, answer), self.timeout_s)
 
-    def _check(self, value: object) -> tuple[float, str | None]:
+    def _check(self, term: RewardTerm, value: object) -> tuple[float, str | None]:
         """A reward is a real number: int, float, bool (True is 1.0), a numpy number or a
         one-element tensor or array (anything with `__float__`). Text is not, even text of a
         number ("1.0": the reward function has a bug); neither is None. Those are counted
@@ -109,26 +203,28 @@ class SafeReward:
             kind = type(value).__name__
             if kind not in self._warned_types:
                 self._warned_types.add(kind)
-                log.warning("reward function returned %s (%.60r), not a number: scored 0 and "
+                log.warning("reward function%s returned %s (%.60r), not a number: scored 0 and "
                             "counted in reward_errors (a reward must be an int, float, bool or "
-                            "numpy number)", kind, value)
+                            "numpy number)", _named(term, " {!r}"), kind, value)
             shown = "None" if value is None else f"{kind} {value!r:.60}"
-            return self._fail(f"reward function returned {shown}, not a number", warn=False)
+            return self._fail(term, f"reward function returned {shown}, not a number",
+                              warn=False)
         try:
             value = float(value)  # type: ignore[arg-type]
         except Exception as exc:  # a tensor of many values...
-            return self._fail(f"{type(exc).__name__}: {exc}")
+            return self._fail(term, f"{type(exc).__name__}: {exc}")
         if not math.isfinite(value):
-            return self._fail(f"reward function returned {value}")
+            return self._fail(term, f"reward function returned {value}")
         return value, None
 
     def _too_long(self) -> str:
         return f"reward function took longer than data.reward_timeout_s={self.timeout_s}s"
 
-    def _fail(self, message: str, reason: str = "error", warn: bool = True
+    def _fail(self, term: RewardTerm, message: str, reason: str = "error", warn: bool = True
               ) -> tuple[float, None | str]:
         """Score 0 and count it; the first failure of its kind is also a warning (`warn`
-        False: the caller has given a better one)."""
+        False: the caller has given a better one). A named term's message names it."""
+        message = _named(term, "reward {!r}: ") + message
         self.errors += 1
         self.reasons[reason] += 1
         self.first_error = self.first_error or message
@@ -138,6 +234,11 @@ class SafeReward:
                         "reward_errors (warned once: later failures are only counted)", message)
         self.last_errors = (self.last_errors + [message])[-5:]
         return 0.0, message
+
+
+def _named(term: RewardTerm, form: str) -> str:
+    """`form` with the term's name in it; "" for the unnamed one."""
+    return "" if term.name is None else form.format(term.name)
 
 
 def _raise_timeout(signum, frame) -> None:

@@ -43,7 +43,7 @@ from .ledger import Ledger
 from .moves import Moves, NoRecovery
 from .placement import GroupPlacement, RoutedPlacement
 from .requests import Purpose, Request, RequestTable
-from .rewarding import SafeReward
+from .rewarding import SafeReward, Scored
 from .store import ExperienceStore
 from .streams import Streams
 from .turns import Turns
@@ -60,7 +60,7 @@ class StreamingRollout:
     window: VersionWindow
     assignment: VersionAssignment
     ledger: Ledger
-    reward: SafeReward  # anything with `async score(text, answer) -> (reward, error)`
+    reward: SafeReward  # anything with `async score_parts(text, answer) -> Scored`
     decode: Callable[[list[int]], str]
     partial_rollout: bool = False
     migrate: bool = True
@@ -330,17 +330,16 @@ class StreamingRollout:
         to the waiting evaluation."""
         group = request.group
         if reward is None:
-            reward, error = await self.reward.score(self.decode(result.token_ids),
-                                                    group.answer)
+            scored = await self.reward.score_parts(self.decode(result.token_ids), group.answer)
         else:
-            error = None
+            scored = Scored(reward, None, None)
         self.table.finish(request.id)
         if not request.purpose.stored:  # a refill or an evaluation: its caller waits
-            group.trajectories.append(Trajectory(result, reward, error))
+            group.trajectories.append(Trajectory(result, *scored))
             if len(group.trajectories) == self._expected[group.group_id]:
                 self._waiters[group.group_id].set_result(None)
             return
-        self.store.put(self._rows[group.group_id][request.sample], "reward", (reward, error))
+        self.store.put(self._rows[group.group_id][request.sample], "reward", scored)
         if self.store.is_complete(group.group_id, NEEDED):
             self.window.collect(group.group_id)
             self.ledger.collect(group.group_id)
@@ -367,7 +366,7 @@ class StreamingRollout:
         groups = []
         for taken in self.store.take_groups(TRAINER, ids, NEEDED):
             group = taken.meta["group"]
-            group.trajectories = [Trajectory(result, reward, error) for result, (reward, error)
+            group.trajectories = [Trajectory(result, *scored) for result, scored
                                   in zip(taken.columns["response"], taken.columns["reward"])]
             self.store.drop(taken.group_id)
             self.table.forget([f"{taken.group_id}-{i}" for i in range(len(taken.rows))])

@@ -1,12 +1,17 @@
 """What a step reports: the groups it generated and trained, how the rollout's counters grew
-over it, and its timings."""
+over it, and its timings; and what a held-out evaluation reports.
+
+With several rewards (`data.rewards`) a sample's reward is their weighted sum; each one's own
+mean is reported beside it (`reward/<name>`, `eval_reward/<name>`), and accuracy counts the
+first listed (the correctness reward) reaching 1. With one reward function nothing is added.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import Group
+from ..protocol import Group, Trajectory
 
 if TYPE_CHECKING:  # annotations only: the metrics stay a leaf below the rollout
     from .rollout import StreamingRollout
@@ -23,12 +28,42 @@ def rollout_metrics(groups: list[Group], reward_errors: int) -> dict[str, Any]:
     lengths = [t.num_tokens for t in trajectories] or [0]  # environment tokens included
     prompts = [len(t.result.prompt_ids) for t in trajectories] or [0]
     return {"reward_mean": sum(rewards) / len(rewards),
-            "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "train_accuracy": accuracy(trajectories),
+            **reward_part_means(trajectories, "reward/"),
             "response_len_mean": sum(lengths) / len(lengths),
             "response_len_max": max(lengths),
             "gen_tokens": sum(t.num_generated for t in trajectories),
             "prompt_len_mean": sum(prompts) / len(prompts),
             "groups_generated": len(groups), "reward_errors": reward_errors}
+
+
+def eval_metrics(groups: list[Group]) -> dict[str, float]:
+    """Held-out accuracy and mean reward of each group's one response."""
+    trajectories = [g.trajectories[0] for g in groups]
+    rewards = [t.reward for t in trajectories]
+    return {"eval_accuracy": accuracy(trajectories),
+            "eval_reward_mean": sum(rewards) / len(rewards),
+            **reward_part_means(trajectories, "eval_reward/")}
+
+
+def is_correct(trajectory: Trajectory) -> bool:
+    """The sample's reward, or with several the first listed's, is 1 (or more)."""
+    parts = trajectory.reward_parts
+    return (next(iter(parts.values())) if parts else trajectory.reward) >= 1.0
+
+
+def accuracy(trajectories: list[Trajectory]) -> float:
+    return sum(map(is_correct, trajectories)) / max(len(trajectories), 1)
+
+
+def reward_part_means(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+    """Each named reward's mean as `<prefix><name>`, over the samples scored with it (an
+    environment's reward has no parts); {} with one reward function."""
+    values: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        for name, value in (trajectory.reward_parts or {}).items():
+            values.setdefault(name, []).append(value)
+    return {f"{prefix}{name}": sum(seen) / len(seen) for name, seen in values.items()}
 
 
 @dataclass(frozen=True, slots=True)

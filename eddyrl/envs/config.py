@@ -8,16 +8,17 @@
       step_timeout_s: 60
       options: {syntax: tiny}   # keyword arguments of the environment
 
-Bundled environments score the final answer with `data.reward_fn` unless `options.reward_fn`
-names another; a custom environment gets exactly its `options`. `build` checks everything at
-start-up, including one trial construction (so constructing an environment must be cheap and do
-no I/O; do that in `respond`).
+Bundled environments score the final answer with the run's reward (`data.reward_fn`, or
+`data.rewards` summed with their weights) unless `options.reward_fn` names another; a custom
+environment gets exactly its `options`. `build` checks everything at start-up, including one
+trial construction (so constructing an environment must be cheap and do no I/O; do that in
+`respond`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..plugins import load_reward_fn
@@ -53,18 +54,22 @@ class EnvConfig:
                              step_timeout_s=self.step_timeout_s,
                              cutoff_reward=self.cutoff_reward)
 
-    def build(self, prefix: str, *, tokenizer, reward_fn: str,
+    def build(self, prefix: str, *, tokenizer, reward_fn: str | Callable[[str, str], float],
               payload_bytes: Sequence[int] = DEFAULT_PAYLOAD_BYTES
               ) -> EnvironmentFactory | None:
-        """The episode factory, or None for single-turn. `reward_fn` is `data.reward_fn`;
-        `payload_bytes` is `routing.payload_bytes`. ConfigError naming the key on a problem."""
+        """The episode factory, or None for single-turn. `reward_fn` is the run's reward, loaded
+        (`rewarding.load_reward`: several rewards are one callable) or as `data.reward_fn`
+        names it; `payload_bytes` is `routing.payload_bytes`. ConfigError naming the key on a
+        problem."""
         if self.name is None:
             return None
         self.validate(prefix)
         options = dict(self.options)
         if self.name in BUNDLED:
+            chosen = options.get("reward_fn", reward_fn)
             key = f"{prefix}.options.reward_fn" if "reward_fn" in options else "data.reward_fn"
-            options["reward_fn"] = load_reward_fn(options.get("reward_fn", reward_fn), key)
+            options["reward_fn"] = load_reward_fn(chosen, key) if isinstance(chosen, str) \
+                else chosen
         factory = load_environment(BUNDLED.get(self.name, self.name), f"{prefix}.name",
                                    tokenizer=tokenizer, limits=self.limits(),
                                    payload_bytes=tuple(payload_bytes), **options)

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator, Sequence
 
-from ..core.rewarding import SafeReward
+from ..core.rewarding import SafeReward, Scored
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
 from ..runtime_protocol import Checkpointable, Elastic, Plannable, Recoverable, capabilities
 from .trace import Trace
@@ -251,11 +251,11 @@ class TimedReward(SafeReward):
         finally:
             self.tracer._mark("reward", [("driver", 0)], False)
 
-    async def score(self, response: str, answer: str) -> tuple[float, str | None]:
+    async def score_parts(self, response: str, answer: str) -> Scored:
         """As the rollout scores: in the reward pool, drawn from the call to its answer."""
         self.tracer._mark("reward", [("driver", 0)], True)
         try:
-            return await SafeReward.score(self, response, answer)
+            return await SafeReward.score_parts(self, response, answer)
         finally:
             self.tracer._mark("reward", [("driver", 0)], False)
 
