@@ -95,7 +95,7 @@ def preflight(config: EddyConfig) -> str:
     - the engines: `rollout.engine` and `train.engine` installed and importable
       (`check_engine`: "vLLM is not installed"), and peft with `train.lora.rank` > 0;
     - a cluster to join (`cluster.address` host:port): something answers there as a gRPC
-      server, within seconds (`runtime.ray_connect`; the data is not generated for nothing).
+      server, within seconds (`runtime.ray.connect`; the data is not generated for nothing).
 
     The memory plan (`preflight.memory`, `plan/check.py`) runs before these, before the run
     directory exists. The platforms are checked by `runtime.placement.resolve_role_platforms`,
@@ -111,7 +111,7 @@ def preflight(config: EddyConfig) -> str:
         require_peft(config.train.lora.rank)
     address = config.cluster.address
     if address is not None and address != "auto" and config.runtime_kind() == "ray":
-        from .runtime.ray_connect import check_grpc, check_reachable
+        from .runtime.ray.connect import check_grpc, check_reachable
 
         check_reachable(address)
         check_grpc(address)

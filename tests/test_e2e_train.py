@@ -285,7 +285,7 @@ def test_a_split_placement_on_too_few_devices_says_so(monkeypatch):
 
     from eddyrl.config import load_config
     from eddyrl.errors import ConfigError
-    from eddyrl.runtime.ray_placement import check_split_devices
+    from eddyrl.runtime.ray.placement import check_split_devices
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 1.0})
     from eddyrl.resolved import runtime_settings

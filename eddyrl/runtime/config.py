@@ -63,7 +63,7 @@ class ClusterConfig:
                               f"{self.rollout_strategy} cannot place them apart; set "
                               f"{prefix}.train_strategy for both")
         if self.address is not None and self.address != "auto":
-            from .ray_connect import split_address
+            from .ray.connect import split_address
 
             split_address(self.address)  # host:port, or an error naming the value
         if self.runtime == "local" and self.address is not None:

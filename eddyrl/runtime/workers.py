@@ -1,5 +1,5 @@
 """The processes of a run: a rollout worker wraps an inference engine, a trainer rank wraps a
-training engine. Both are plain classes; `runtime/ray.py` turns them into Ray actors."""
+training engine. Both are plain classes; `runtime/ray/runtime.py` turns them into Ray actors."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from eddyrl import disk_full
 from eddyrl.cli import main
 
-from .test_worker_errors import bare_runtime  # noqa: F401  (a fixture: a RayRuntime, no workers)
+from .test_worker_errors import bare_runtime  # noqa: F401  (a fixture: RayCalls, no workers)
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file name
 
@@ -109,7 +109,7 @@ def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
 
     from eddyrl import cli
     from eddyrl.errors import EddyError, WorkerCallError
-    from eddyrl.runtime import ray_calls
+    from eddyrl.runtime.ray import calls as ray_calls
 
     append = ray_calls.open_append
 
@@ -121,7 +121,7 @@ def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
     monkeypatch.setattr(ray_calls, "open_append", full_open)
     actor = _full_disk_actor()
     with pytest.raises(WorkerCallError) as raised:
-        asyncio.run(bare_runtime._call("trainer rank 0", "save", actor.save.remote("/x")))
+        asyncio.run(bare_runtime.call("trainer rank 0", "save", actor.save.remote("/x")))
     ray.kill(actor)
     message = str(raised.value)
     assert message.startswith("trainer rank 0 failed during save: OSError: [Errno 28] No space "

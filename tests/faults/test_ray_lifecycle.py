@@ -101,7 +101,7 @@ def test_the_reaper_kills_the_tree_and_names_a_lost_raylet(tmp_path, how, says):
     """The reaper without Ray: a driver with one child (the "raylet") dies; the child is killed,
     the token directory removed, and the line printed only where the driver's Ray log says Ray
     ended it for that loss."""
-    from eddyrl.runtime import ray_reaper
+    from eddyrl.runtime.ray import reaper as ray_reaper
 
     out = subprocess.run([sys.executable, "-c", _DRIVER, ray_reaper.__file__, str(tmp_path),
                           how], capture_output=True, text=True, timeout=120)

@@ -16,13 +16,13 @@ from eddyrl.errors import ConfigError
 
 
 def cause_line(exc):  # imported here, so that each test fails on its own where it is missing
-    from eddyrl.runtime.ray_errors import cause_line
+    from eddyrl.runtime.ray.errors import cause_line
 
     return cause_line(exc)
 
 
 def exception_lines(text):
-    from eddyrl.runtime.ray_errors import exception_lines
+    from eddyrl.runtime.ray.errors import exception_lines
 
     return exception_lines(text)
 
@@ -118,19 +118,15 @@ def _failing_actor(**options):
 
 @pytest.fixture
 def bare_runtime(tmp_path):
-    """A RayRuntime with no workers of its own, on a local Ray started as a run starts it: its
-    calls, errors and replacement logic."""
+    """A RayRuntime's calls (`RayCalls`) with no workers of its own, on a local Ray started as
+    a run starts it: its calls, errors and (with `RolloutActors`) replacement logic."""
     from eddyrl.config import load_config
     from eddyrl.resolved import runtime_settings
-    from eddyrl.runtime.ray import RayRuntime, start_ray
-    from eddyrl.runtime.ray_recovery import PublishedWeights
+    from eddyrl.runtime.ray import start_ray
+    from eddyrl.runtime.ray.calls import RayCalls
 
-    runtime = RayRuntime.__new__(RayRuntime)
-    runtime.session = start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
-    runtime._lost_future, runtime.timeout_s = None, 120.0
-    runtime.error_log = tmp_path / "worker_errors.log"
-    runtime.colocated, runtime.weights, runtime._lost = False, PublishedWeights(), set()
-    yield runtime
+    session = start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
+    yield RayCalls(session, 120.0, tmp_path / "worker_errors.log")
     from eddyrl.runtime.ray import stop_ray
 
     stop_ray()
@@ -144,7 +140,7 @@ def test_a_worker_error_on_ray_starts_with_its_cause(bare_runtime):
     runtime = bare_runtime
     actor = _failing_actor()
     with pytest.raises(WorkerCallError) as raised:
-        asyncio.run(runtime._call("trainer rank 0", "save to /runs/x", actor.save.remote("/x")))
+        asyncio.run(runtime.call("trainer rank 0", "save to /runs/x", actor.save.remote("/x")))
     message = str(raised.value)
     assert message.startswith("trainer rank 0 failed during save to /runs/x: OSError: [Errno 28] "
                               "No space left on device: '/x' (leading to RuntimeError: saving "
@@ -157,18 +153,19 @@ def test_a_worker_error_on_ray_starts_with_its_cause(bare_runtime):
 
 def test_a_replacement_that_cannot_start_is_reported_once_with_why(bare_runtime):
     from eddyrl.errors import WorkerCallError
+    from eddyrl.runtime.ray.rollout_actors import PublishedWeights, RolloutActors
 
-    runtime = bare_runtime
     started = []
 
     def new_worker(index, incarnation):
         started.append(incarnation)
         return _failing_actor(start_fails=True)
 
-    runtime.workers = [_failing_actor()]
-    runtime._incarnations, runtime._new_worker = [0], new_worker
+    # the replacement never starts: the weight channel (reconnect, send_weights) is not reached
+    actors = RolloutActors([_failing_actor()], new_worker, bare_runtime, PublishedWeights(),
+                           reconnect=None, send_weights=None)
     with pytest.raises(WorkerCallError) as raised:
-        asyncio.run(runtime.replace_worker(0))
+        asyncio.run(actors.replace_worker(0))
     assert str(raised.value).startswith(
         "rollout worker 0 (replacement 1 of 3) failed during start-up: ModuleNotFoundError: No "
         "module named 'vllm_is_not_installed_here' (raised as the actor started)"), raised.value

@@ -612,7 +612,7 @@ class RayCluster:
         self.token_path.parent.mkdir(mode=0o700)
         fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as file:
-            file.write(secrets.token_hex(32))  # 256 bits, as ray_session.private_token
+            file.write(secrets.token_hex(32))  # 256 bits, as ray/session.py's private_token
 
     def _ray_start(self, host: Host, args: list[str], timeout: float) -> None:
         self.log_dir.mkdir(mode=0o700, exist_ok=True)

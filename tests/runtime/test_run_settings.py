@@ -37,7 +37,7 @@ def test_each_worker_gets_its_own_sections_frozen_and_picklable():
 
 def test_ray_placement_reads_the_worker_counts_from_the_runtime_settings():
     from eddyrl.errors import ConfigError
-    from eddyrl.runtime.ray_placement import colocation_group
+    from eddyrl.runtime.ray.placement import colocation_group
 
     settings = dataclasses.replace(runtime_settings(load_config(overrides=["platform=cpu"])),
                                    rollout_workers=2, trainer_ranks=1)

@@ -5,7 +5,7 @@ after `ray.shutdown`:
   Ray's processes as RAY_AUTH_TOKEN_PATH and removed when the session closes. Ray's default,
   ~/.ray/auth_token, is one 0644 file shared by every Ray cluster of the user. A token the
   user set (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) is left as it is.
-- a reaper (`ray_reaper.py`) that kills, by PID, whatever is left of the session's processes
+- a reaper (`reaper.py`) that kills, by PID, whatever is left of the session's processes
   once the driver closes it or dies (Ray's agents outlive a killed driver by a minute).
 - a watch on the GCS and the raylet: a run cannot go on without them, and Ray notices only
   after a minute (then it kills the driver without a word). `lost()` says which died and what
@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from .ray_reaper import NAMES, lost_line
+from .reaper import NAMES, lost_line
 
 WATCH_S = 1.0  # how often the GCS and raylet are looked at
 TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -75,7 +75,7 @@ class LocalRaySession:
             # run as a script (-I: the standard library only, no site packages): it starts fast
             # and needs nothing of this process
             self._reaper = subprocess.Popen(
-                [sys.executable, "-I", str(Path(__file__).with_name("ray_reaper.py")),
+                [sys.executable, "-I", str(Path(__file__).with_name("reaper.py")),
                  self._node.get_logs_dir_path(), str(self.token_dir or "-"), *roots],
                 stdin=read, stdout=subprocess.DEVNULL, start_new_session=True)
             os.close(read)

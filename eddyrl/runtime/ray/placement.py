@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..hal import get_platform
+from ...errors import ConfigError
+from ...hal import get_platform
 
 if TYPE_CHECKING:
-    from .settings import RuntimeSettings
+    from ..settings import RuntimeSettings
 
 
 def actor_options(platform_name: str, cpus: float, share: float = 1.0,

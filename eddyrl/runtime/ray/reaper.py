@@ -1,4 +1,4 @@
-"""The reaper of one local Ray session: `python ray_reaper.py LOGS TOKEN_DIR KIND=PID...`,
+"""The reaper of one local Ray session: `python reaper.py LOGS TOKEN_DIR KIND=PID...`,
 started by the driver right after `ray.init` with Ray's log directory, the session's token
 directory ("-": none) and the processes Ray started (GCS, raylet, monitors), its stdin the read
 end of a pipe that only the driver holds.

@@ -53,7 +53,7 @@ def _own_words(line: str) -> str:
 
 def cause_line(exc: BaseException) -> str:
     """One line for a Ray error, the reason first."""
-    from ..errors import EddyError
+    from ...errors import EddyError
 
     cause = getattr(exc, "cause", None)  # RayTaskError: the exception the actor raised
     if isinstance(cause, EddyError):

@@ -1,8 +1,8 @@
-"""`RayRuntime`'s calls to its workers, named (who, doing what) and with a deadline
-(`cluster.timeout_s`): a failure becomes one `WorkerCallError` line that starts with its cause
-(`ray_errors.py`; the traceback goes to the run's worker_errors.log), and a lost GCS or raylet
-becomes `RayLost`, whatever call was in flight. A mixin of `RayRuntime`, which sets `session`
-(its `LocalRaySession`, None when joining a cluster), `timeout_s` and `error_log`."""
+"""Calls to a run's actors, named (who, doing what) and with a deadline (`cluster.timeout_s`):
+a failure becomes one `WorkerCallError` line that starts with its cause (`errors.py`; the
+traceback goes to the run's worker_errors.log), and a lost GCS or raylet becomes `RayLost`,
+whatever call was in flight. One `RayCalls` per runtime, shared by the runtime (its trainer
+ranks) and the rollout actor set (`rollout_actors.py`)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,22 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable
 
-from .. import disk_full
-from ..run_dir import open_append
-from ..errors import EddyError, RayLost, WorkerCallError
-from .ray_errors import cause_line, plain
-from .ray_session import LocalRaySession
+from ... import disk_full
+from ...run_dir import open_append
+from ...errors import EddyError, RayLost, WorkerCallError
+from .errors import cause_line, plain
+from .session import LocalRaySession
 
 
 class RayCalls:
-    session: LocalRaySession | None
-    timeout_s: float
-    error_log: Path
-    _lost_future: asyncio.Future | None
+    def __init__(self, session: LocalRaySession | None, timeout_s: float,
+                 error_log: Path) -> None:
+        self.session = session  # None when joining a cluster: Ray's processes are not watched
+        self.timeout_s = timeout_s
+        self.error_log = error_log  # a failure's full traceback, where its one line points
+        self._ray_lost_future: asyncio.Future | None = None
 
-    async def _call(self, who: str, what: str, ref: Any) -> Any:
+    async def call(self, who: str, what: str, ref: Any) -> Any:
         import ray
 
         try:
@@ -35,12 +37,16 @@ class RayCalls:
             raise WorkerCallError(f"{who} did not finish {what} within {self.timeout_s:.0f} s "
                                   "(cluster.timeout_s)") from None
         except ray.exceptions.RayError as exc:
-            self._raise_if_ray_lost(exc)
-            raise WorkerCallError(f"{who} failed during {what}: {self._reason(who, what, exc)}"
+            self.raise_if_ray_lost(exc)
+            raise WorkerCallError(f"{who} failed during {what}: {self.reason(who, what, exc)}"
                                   ) from exc
 
-    def _get_all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
-        """`_call` for the few calls made outside the event loop (start-up, the channel)."""
+    async def call_all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
+        """`call` for each (who, what, ref), together."""
+        return await asyncio.gather(*(self.call(*c) for c in calls))
+
+    def get_all(self, calls: list[tuple[str, str, Any]]) -> list[Any]:
+        """`call` for the few calls made outside the event loop (start-up, the channel)."""
         import ray
 
         results = []
@@ -51,12 +57,12 @@ class RayCalls:
                 raise WorkerCallError(f"{who} did not finish {what} within "
                                       f"{self.timeout_s:.0f} s (cluster.timeout_s)") from None
             except ray.exceptions.RayError as exc:
-                self._raise_if_ray_lost(exc)
+                self.raise_if_ray_lost(exc)
                 raise WorkerCallError(f"{who} failed during {what}: "
-                                      f"{self._reason(who, what, exc)}") from exc
+                                      f"{self.reason(who, what, exc)}") from exc
         return results
 
-    def _reason(self, who: str, what: str, exc: BaseException) -> str:
+    def reason(self, who: str, what: str, exc: BaseException) -> str:
         """A worker's failure in one line, its cause first; a traceback goes to worker_errors.log
         in the run directory, and the line says so."""
         line, text = cause_line(exc), plain(str(exc)).strip()
@@ -77,7 +83,7 @@ class RayCalls:
         return f"{line} (traceback: {self.error_log})"
 
     # ---- Ray itself lost -------------------------------------------------------------------
-    def _raise_if_ray_lost(self, exc: BaseException | None = None) -> None:
+    def raise_if_ray_lost(self, exc: BaseException | None = None) -> None:
         """A worker call failed: if Ray's GCS or raylet is gone, that is what to report."""
         why = self.session.lost() if self.session is not None else None
         if why is not None:
@@ -89,8 +95,8 @@ class RayCalls:
         if self.session is None:
             return None
         loop = asyncio.get_running_loop()
-        if self._lost_future is None or self._lost_future.get_loop() is not loop:
-            future = self._lost_future = loop.create_future()
+        if self._ray_lost_future is None or self._ray_lost_future.get_loop() is not loop:
+            future = self._ray_lost_future = loop.create_future()
 
             def resolve(why: str) -> None:  # from the watch's thread
                 try:
@@ -100,7 +106,7 @@ class RayCalls:
                     pass
 
             self.session.on_lost(resolve)
-        return self._lost_future
+        return self._ray_lost_future
 
     async def _awaited(self, call: Awaitable[Any]) -> Any:
         """`await call` within cluster.timeout_s (else TimeoutError), unless the GCS or raylet

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 CONNECT_S = 5.0  # a TCP connection to the head
 GRPC_S = 10.0  # its gRPC handshake (Ray's GCS speaks gRPC; Ray itself would wait minutes)
@@ -72,7 +72,7 @@ def check_grpc(address: str) -> None:
 def prepare_join(address: str) -> None:
     """Before `ray.init` joins `address`: what Ray reads from the environment when imported."""
     if address != "auto" and split_address(address)[0] in ("127.0.0.1", "localhost", "::1"):
-        # else ray.init replaces a loopback head address with the machine's own (ray.py)
+        # else ray.init replaces a loopback head address with the machine's own (lifecycle.py)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")) and \
             not os.environ.get("RAY_AUTH_MODE"):

@@ -1,15 +1,20 @@
-"""Rollout workers lost and replaced, on Ray: a dead worker's calls become `WorkerLost` for the
-rollout (which puts its requests back), and `replace_worker` starts a new process under the
-same index, rebuilds the weight channel and gives it the published weights. A mixin of
-`RayRuntime`, which owns the actors, the channel and `_send_weights`."""
+"""The rollout workers' Ray actors, as one object: `RolloutActors` owns their handles, each
+worker's incarnation (how many processes it has had), and the set of workers lost and being
+replaced; nothing else writes them. A dead worker's calls become `WorkerLost` for the rollout
+(which puts its requests back), and `replace_worker` starts a new process under the same index,
+has it rejoin the weight channel and gives it the published weights (`PublishedWeights`).
+
+The weight channel spans the trainer ranks too, so it is the runtime's (`runtime.py`): a
+replacement rejoins it through the two callables the runtime gives the actor set."""
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..errors import WorkerCallError, WorkerLost
+from ...errors import WorkerCallError, WorkerLost
+from .calls import RayCalls
 
 REPLACEMENT_ATTEMPTS = 3  # new processes tried for a lost rollout worker before giving up
 
@@ -68,49 +73,85 @@ class PublishedWeights:
                 self._condition().notify_all()
 
 
-class WorkerReplacement:
-    workers: list[Any]
-    colocated: bool
-    timeout_s: float
-    weights: PublishedWeights
-    _lost: set[int]
-    _incarnations: list[int]
-    _new_worker: Callable[[int, int], Any]
-    _call: Callable[..., Any]  # RayRuntime's named call with a deadline
-    _reason: Callable[[str, str, BaseException], str]  # a failure's cause, in one line
-    _raise_if_ray_lost: Callable[..., None]  # RayLost when the GCS or raylet is gone
-    _send_weights: Callable[..., Any]
-    _connect_weight_channel: Callable[[], None]
+class RolloutActors:
+    """Rollout worker i is `handle(i)`: its first process is given, later ones (after a loss)
+    come from `new_worker(i, incarnation)`. Calls go through `calls` (named, with a deadline).
+    A replacement rejoins the weight channel with `reconnect()` (blocking: run off the loop)
+    and takes the published weights with `send_weights(version)`, which returns the version
+    each worker then hosts (-1: lost)."""
 
-    async def _rollout_call(self, worker: int, what: str, call: Callable[[Any], Any]) -> Any:
+    def __init__(self, handles: list[Any], new_worker: Callable[[int, int], Any],
+                 calls: RayCalls, weights: PublishedWeights, *,
+                 reconnect: Callable[[], None],
+                 send_weights: Callable[[int], Awaitable[list[int]]]) -> None:
+        self.calls = calls
+        self.weights = weights  # what a replacement may take, and when
+        self._handles = list(handles)
+        self._new_worker = new_worker
+        self._incarnations = [0] * len(self._handles)
+        self._lost: set[int] = set()  # workers being replaced: calls to them fail at once
+        self._reconnect = reconnect
+        self._send = send_weights
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    @property
+    def handles(self) -> list[Any]:
+        """Each worker's current actor handle (a copy: the set alone replaces them)."""
+        return list(self._handles)
+
+    def handle(self, worker: int) -> Any:
+        return self._handles[worker]
+
+    def is_lost(self, worker: int) -> bool:
+        """Being replaced (or found dead): its calls raise `WorkerLost` at once."""
+        return worker in self._lost
+
+    def live(self) -> list[int]:
+        """The workers not lost, in order."""
+        return [i for i in range(len(self._handles)) if i not in self._lost]
+
+    def mark_lost(self, worker: int) -> None:
+        """Found dead outside a call of its own (a weight send): its next call tells the
+        rollout, which puts its requests back and has it replaced."""
+        self._lost.add(worker)
+
+    @property
+    def replacements(self) -> int:
+        """Processes started to replace lost rollout workers, in all."""
+        return sum(self._incarnations)
+
+    async def call(self, worker: int, what: str, call: Callable[[Any], Any]) -> Any:
         """`call(actor)` on a rollout worker, its process's death raised as `WorkerLost` (the
         rollout puts its requests back and has it replaced) rather than a run-ending error."""
         if worker in self._lost:
             raise WorkerLost(worker, what, "it is being replaced")
         try:
-            return await self._call(f"rollout worker {worker}", what,
-                                    call(self.workers[worker]))
+            return await self.calls.call(f"rollout worker {worker}", what,
+                                         call(self._handles[worker]))
         except WorkerCallError as exc:
             if actor_died(exc) and not failed_to_start(exc):
                 raise WorkerLost(worker, what, str(exc.__cause__).splitlines()[0]) from exc
             raise
 
-    def _each_worker(self, refs: list[Any], kind: str, default: Any) -> list[Any]:
-        """The results of one call per rollout worker (in worker order), `default` for a worker
-        that died: marked lost, unless the channel is a collective group, which cannot form
-        without it (an error)."""
+    def results_of_each(self, refs: list[Any], kind: str, default: Any) -> list[Any]:
+        """The results of one weight-channel call per rollout worker (in worker order),
+        `default` for a worker that died: marked lost, unless the channel (`kind`) is a
+        collective group, which cannot form without it (an error)."""
         import ray
 
+        timeout_s = self.calls.timeout_s
         results = []
         for index, ref in enumerate(refs):
             try:
-                results.append(ray.get(ref, timeout=self.timeout_s))
+                results.append(ray.get(ref, timeout=timeout_s))
             except ray.exceptions.RayActorError as exc:
-                self._raise_if_ray_lost(exc)
+                self.calls.raise_if_ray_lost(exc)
                 if exc.actor_init_failed:  # it never started: no replacement would either
                     raise WorkerCallError(f"rollout worker {index} failed during start-up: "
-                                          + self._reason(f"rollout worker {index}", "start-up",
-                                                         exc)) from exc
+                                          + self.calls.reason(f"rollout worker {index}",
+                                                              "start-up", exc)) from exc
                 if kind == "collective":
                     raise WorkerCallError(f"rollout worker {index} died while the weight "
                                           "channel's collective group formed") from None
@@ -118,12 +159,12 @@ class WorkerReplacement:
                 results.append(default)
             except ray.exceptions.GetTimeoutError:
                 raise WorkerCallError(f"rollout worker {index} did not finish the weight "
-                                      f"channel's set-up within {self.timeout_s:.0f} s "
+                                      f"channel's set-up within {timeout_s:.0f} s "
                                       "(cluster.timeout_s)") from None
             except ray.exceptions.RayError as exc:
-                self._raise_if_ray_lost(exc)
+                self.calls.raise_if_ray_lost(exc)
                 raise WorkerCallError(f"rollout worker {index} failed during the weight "
-                                      "channel's set-up: " + self._reason(
+                                      "channel's set-up: " + self.calls.reason(
                                           f"rollout worker {index}", "weight channel set-up",
                                           exc)) from exc
         return results
@@ -133,10 +174,6 @@ class WorkerReplacement:
         (a collective group is rebuilt for every member) and loaded with the published
         weights, sent to every worker again once the trainer's are published (a worker already
         on them stages the same version). Returns the version it hosts."""
-        if self.colocated:
-            raise WorkerLost(worker, "generation", "a colocated rollout worker shares its "
-                             "device with a trainer rank and is not replaced; resume the run "
-                             "from its last checkpoint (resume=auto)")
         self._lost.add(worker)
         for attempt in range(1, REPLACEMENT_ATTEMPTS + 1):
             version = await self._start_replacement(worker, f"replacement {attempt} of "
@@ -151,26 +188,20 @@ class WorkerReplacement:
         it died on the way (the caller tries another)."""
         import ray
 
-        ray.kill(self.workers[worker], no_restart=True)  # if it still half-lives
+        ray.kill(self._handles[worker], no_restart=True)  # if it still half-lives
         self._incarnations[worker] += 1
-        self.workers[worker] = self._new_worker(worker, self._incarnations[worker])
+        self._handles[worker] = self._new_worker(worker, self._incarnations[worker])
         try:
-            await self._call(f"rollout worker {worker} ({which})", "start-up",
-                             self.workers[worker].stats.remote())
+            await self.calls.call(f"rollout worker {worker} ({which})", "start-up",
+                                  self._handles[worker].stats.remote())
         except WorkerCallError as exc:
             if actor_died(exc) and not failed_to_start(exc):  # died: another may live
                 return None
             raise
         async with self.weights.exporting() as version:
             self._lost.discard(worker)
-            await asyncio.to_thread(self._connect_weight_channel)
+            await asyncio.to_thread(self._reconnect)
             if worker in self._lost:
                 return None  # died joining the channel
-            hosted = await self._send_weights(version)
+            hosted = await self._send(version)
         return hosted[worker] if hosted[worker] >= 0 else None
-
-    @property
-    def replacements(self) -> int:
-        """Processes started to replace lost rollout workers, in all."""
-        return sum(self._incarnations)
-
