@@ -80,6 +80,16 @@ class TensorBoardSink:
         self.writer.close()
 
 
+def samples_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(columns, data) of the W&B samples table: the text columns, the reward, and one column
+    per reward of `data.rewards` (`reward/<name>`) when the rows carry their parts."""
+    parts = list(dict.fromkeys(name for row in rows for name in (row.get("rewards") or {})))
+    columns = ["prompt", "response", "answer", "reward", *(f"reward/{n}" for n in parts)]
+    data = [[str(row["prompt"]), str(row["response"]), str(row["answer"]), row["reward"],
+             *((row.get("rewards") or {}).get(n) for n in parts)] for row in rows]
+    return columns, data
+
+
 class WandbSink:
     """A W&B run named after the run directory, the resolved config as its config."""
 
@@ -101,10 +111,7 @@ class WandbSink:
     def samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         import wandb
 
-        columns = ["prompt", "response", "answer", "reward"]
-        table = wandb.Table(columns=columns,
-                            data=[[str(row[c]) if c != "reward" else row[c] for c in columns]
-                                  for row in rows])
+        table = wandb.Table(*samples_table(rows))
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:

@@ -135,3 +135,17 @@ def test_observe_config_errors_name_the_key():
         load_config(overrides=["observe.wandb_project=' '"])
     with pytest.raises(ConfigError, match="did you mean 'observe.trace'"):
         load_config(overrides=["observe.traces=false"])
+
+
+def test_the_wandb_samples_table_has_a_column_per_weighted_reward():
+    rows = [{"prompt": "1+1", "response": "2", "answer": "2", "reward": 1.1,
+             "rewards": {"correct": 1.0, "format": 0.5}},
+            {"prompt": "2+2", "response": "5", "answer": 4, "reward": 0.1,
+             "rewards": {"correct": 0.0, "format": 0.5}}]
+    columns, data = sinks.samples_table(rows)
+    assert columns == ["prompt", "response", "answer", "reward", "reward/correct",
+                       "reward/format"]
+    assert data[1] == ["2+2", "5", "4", 0.1, 0.0, 0.5]
+    plain = [{"prompt": "p", "response": "r", "answer": "a", "reward": 1.0}]
+    assert sinks.samples_table(plain) == (["prompt", "response", "answer", "reward"],
+                                          [["p", "r", "a", 1.0]])
