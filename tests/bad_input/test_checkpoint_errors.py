@@ -1,6 +1,6 @@
 """Bad checkpoints: truncated, corrupt, unfinished or missing ones are named (by path and file)
-and never trusted, `resume=auto` falls back past them, and a save that fails leaves the
-previous good checkpoint exactly as it was."""
+and never trusted, and `resume=auto` falls back past them. (A trainer's save that fails
+half-way: test_trainer_save_failure.py.)"""
 
 import asyncio
 import logging
@@ -81,37 +81,3 @@ def test_resume_path_that_does_not_exist(tmp_path):
     assert resume_error(tmp_path / "run7", tmp_path, ConfigError) == (
         f"config key 'resume' = '{tmp_path / 'run7'}': no such checkpoint or directory (use "
         "resume=auto, or a path to a checkpoint or a run directory)")
-
-
-def test_failed_trainer_save_keeps_the_previous_checkpoint(tiny_model_dir, tmp_path,
-                                                           monkeypatch):
-    """The FSDP trainer's own save fails half-way (disk full), for a new step and for the same
-    step again: the good checkpoint is untouched and still verifies and loads."""
-    from eddyrl.engines.registry import load_engine_class
-    from eddyrl.hal import get_platform
-
-    engine = load_engine_class("train", "fsdp")(tiny_model_dir, get_platform("cpu"), 0, 1,
-                                                f"file://{tmp_path}/init", seed=0)
-    try:
-        root = tmp_path / "checkpoints"
-
-        async def save(tmp):
-            engine.save(str(tmp))
-
-        good = asyncio.run(checkpoints.write(root, 2, save))
-        manifest = checkpoints.verify(good)
-
-        def disk_full(*args, **kwargs):
-            raise OSError(28, "No space left on device")
-
-        monkeypatch.setattr(engine.model, "save_pretrained", disk_full)
-        for step in (4, 2):
-            with pytest.raises(OSError, match="No space left on device"):
-                asyncio.run(checkpoints.write(root, step, save))
-        assert checkpoints.latest(root) == (good, [])  # nothing partial left behind
-        assert sorted(p.name for p in root.iterdir()) == ["step_000002"]
-        assert checkpoints.verify(good) == manifest  # every file as it was
-        engine.load(str(good))  # and it loads
-        assert engine.version == 0
-    finally:
-        engine.close()

@@ -6,8 +6,8 @@ along in the batch until they are a quarter of it. None of that may change what 
 - every reported log-prob equals a plain full forward over the request's prompt and tokens
   (no cache, one row at a time), and a greedy row's every token is that forward's argmax;
 - the same seed gives the same tokens whether rows leave the batch at once or never;
-- the buffered cache holds exactly what transformers' `DynamicLayer` holds, over seeded random
-  schedules of appends and row selections.
+- the lean decode step gives the tokens and log-probs transformers' forward gives.
+The buffered cache against transformers' `DynamicLayer`: test_kv_cache_buffers.py.
 """
 
 import asyncio
@@ -16,10 +16,8 @@ import random
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from transformers.cache_utils import DynamicLayer
 
 import eddyrl.engines.inference.hf as hf
-from eddyrl.engines.inference.kv_cache import _BufferedLayer
 from eddyrl.hal import get_platform
 from eddyrl.protocol import GenerationRequest, SamplingParams
 
@@ -87,54 +85,6 @@ def test_when_finished_rows_leave_the_batch_does_not_change_any_token(tiny_model
         for rid, r in runs[0].items():
             assert other[rid].token_ids == r.token_ids, rid
             assert other[rid].logprobs == pytest.approx(r.logprobs, abs=1e-6), rid
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_buffered_layer_holds_what_a_dynamic_layer_holds(seed, monkeypatch):
-    """Also while its buffers grow (GROWTH 1 or 2: a doubling every few steps)."""
-    import eddyrl.engines.inference.kv_cache as kv_cache
-
-    monkeypatch.setattr(kv_cache, "GROWTH", [1, 2, 64][seed % 3])
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    batch, heads, dim = rng.randrange(1, 6), 2, 4
-    prefill = rng.randrange(1, 7)
-    steps = rng.randrange(0, 12)
-    reference, buffered = DynamicLayer(), _BufferedLayer(capacity=prefill + steps)
-    for n in [prefill] + [1] * steps:
-        keys = torch.randn(batch, heads, n, dim, generator=gen)
-        values = torch.randn(batch, heads, n, dim, generator=gen)
-        want = reference.update(keys, values)
-        got = buffered.update(keys, values)
-        assert all(torch.equal(a, b) for a, b in zip(want, got))
-        assert buffered.get_seq_length() == reference.get_seq_length()
-        if rng.random() < 0.4:  # drop rows, keep them, or repeat one (a shared prefill)
-            index = torch.tensor(sorted(rng.choices(range(batch), k=rng.randrange(1, 2 * batch))))
-            reference.batch_select_indices(index)
-            buffered.batch_select_indices(index)
-            batch = len(index)
-            assert torch.equal(reference.keys, buffered.keys)
-            assert torch.equal(reference.values, buffered.values)
-
-
-def test_a_buffered_layer_takes_memory_as_it_fills_not_for_its_whole_capacity():
-    from eddyrl.engines.inference.kv_cache import GROWTH
-
-    layer = _BufferedLayer(capacity=10_000)
-    layer.update(torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 5, 4))
-    assert layer._key_buffer.shape[2] == 5 + GROWTH
-    for _ in range(GROWTH + 1):
-        layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
-    assert layer._key_buffer.shape[2] == 2 * (5 + GROWTH)  # one doubling
-    assert torch.equal(layer.keys[:, :, :5], torch.zeros(2, 1, 5, 4))
-    assert torch.equal(layer.keys[:, :, 5:], torch.ones(2, 1, GROWTH + 1, 4))
-
-
-def test_a_full_buffered_layer_says_so():
-    layer = _BufferedLayer(capacity=3)
-    layer.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
-    with pytest.raises(RuntimeError, match="3 positions is full"):
-        layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
 
 
 def test_the_lean_decode_step_is_used_and_samples_what_transformers_forward_samples(

@@ -14,7 +14,7 @@ import pytest
 import torch
 from fsdp_helpers import (assert_takes_the_plain_step, make_batch, plain_logprobs,
                           save_tiny_model)
-from test_packing import grouped_batch
+from packing_cases import grouped_batch
 from transformers import AutoModelForCausalLM
 
 from eddyrl.core.losses import make_policy_loss

@@ -11,8 +11,8 @@ FSDP2's CPU offload policy, the optimizer on the host) but cannot see memory mov
 import pytest
 import torch
 from fsdp_helpers import assert_takes_the_plain_step
+from packing_cases import grouped_batch
 from test_fsdp_engine import _weights, batch, make_engine, model_dir  # noqa: F401 (fixtures)
-from test_packing import grouped_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 

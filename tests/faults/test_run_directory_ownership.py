@@ -1,18 +1,13 @@
 """Issue 32's run-directory defects (a 128-case fault probe): Eddy touches only what it wrote.
 A non-Eddy directory is refused, an older run's checkpoints count as a run, links in the run
-directory are refused and never written through, the lock is the directory's (deleting
-`.eddy.lock` lets no second run in), a checkpoint's name must match its manifest, and a
-resume from a retired checkpoint keeps that checkpoint's own history. Each test's docstring
-says what happened before."""
+directory are refused and never written through, a checkpoint's name must match its manifest,
+and a resume from a retired checkpoint keeps that checkpoint's own history: all on files
+alone. Each test's docstring says what happened before. (The lock, with other processes
+holding it: test_run_directory_lock.py.)"""
 
 import asyncio
 import json
-import logging
 import os
-import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -189,54 +184,6 @@ def test_writes_made_after_the_check_do_not_follow_a_link(tmp_path):
     assert outside.read_text() == "not Eddy's"
     write_atomic(tmp_path / "config.yaml", "seed: 0\n")  # a plain write still works
     assert (tmp_path / "config.yaml").read_text() == "seed: 0\n"
-
-
-# -- defect 6: the lock is the directory's, not a name in it -----------------------------------
-
-HOLDER = ("import sys; from eddyrl.run_dir import RunDirectory; "
-          "RunDirectory.claim(sys.argv[1]); print('held', flush=True); sys.stdin.read()")
-
-
-def test_deleting_the_lock_file_lets_no_second_run_in(tmp_path):
-    """Before: `rm R/.eddy.lock` during run A let `eddy train run_dir=R resume=auto` in, which
-    retired A's newest checkpoints and its final model and cut its metrics."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        (tmp_path / LOCK).unlink()
-        with pytest.raises(ConfigError, match="in use by another run"):
-            RunDirectory.claim(tmp_path)
-    finally:
-        holder.stdin.close()
-        holder.wait()
-    RunDirectory.claim(tmp_path).release()  # the holder ended: free again
-
-
-# The child says so once its fork hooks have run (os.fork returns in the child after them):
-# before that it holds the inherited descriptor, however briefly.
-FORKER = ("import os, sys\nfrom eddyrl.run_dir import RunDirectory\n"
-          "RunDirectory.claim(sys.argv[1])\npid = os.fork()\n"
-          "if pid == 0:\n    print('child', flush=True)\n    sys.stdin.read()\n    os._exit(0)\n"
-          "print(pid, flush=True)\nos._exit(0)\n")
-
-
-def test_a_forked_child_does_not_keep_the_lock_after_the_run_ends(tmp_path, caplog):
-    """A flock belongs to the open file description a fork shares: a user-code worker forked
-    from the run would keep the directory locked after the run died."""
-    run = subprocess.Popen([sys.executable, "-c", FORKER, str(tmp_path)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    lines = {run.stdout.readline().strip(), run.stdout.readline().strip()}
-    assert "child" in lines, lines  # its hooks have run
-    (child,) = (int(line) for line in lines if line != "child")
-    try:
-        run.wait(timeout=120)
-        with caplog.at_level(logging.WARNING):
-            RunDirectory.claim(tmp_path).release()  # the child lives on; the lock went
-        assert "ended without releasing" in caplog.text
-    finally:
-        os.kill(child, signal.SIGKILL)
-        run.stdin.close()
 
 
 # -- defect 7: a checkpoint's name must agree with its manifest -------------------------------

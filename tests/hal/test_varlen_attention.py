@@ -1,11 +1,9 @@
-"""`Platform.varlen_attention` and the `varlen_attention` platform check.
+"""`Platform.varlen_attention` and the `varlen_attention` platform check, no model.
 
 Each platform answers without a device (no crash, None where it is absent) and never in fp32,
 which no variable-length kernel here runs; CUDA's and Ascend's rules, with the device and the
-libraries they ask about stood in for. The check passes with "none" where a platform has
-no kernel; on the CPU it is run in full through a platform that declares transformers' sdpa
-(which keeps packed rows apart by their positions: tests/engines/test_varlen_packing.py), and
-it fails when the attention lets the packed rows see each other.
+libraries they ask about stood in for. The check passes with "none" where a platform has no
+kernel. (The check run in full on the CPU, with the tiny model: test_varlen_attention_check.py.)
 """
 
 import pytest
@@ -14,11 +12,6 @@ import torch
 from eddyrl.hal import get_platform, known_platforms
 from eddyrl.hal.cpu import CpuPlatform
 from eddyrl.platform_checks import CHECKS
-
-
-class SdpaVarlenCpu(CpuPlatform):
-    def varlen_attention(self, dtype):
-        return "sdpa"
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda", "npu"])
@@ -66,18 +59,3 @@ def test_npu_offers_the_fused_attention_in_half_precision(monkeypatch):
 def test_the_check_says_none_where_the_platform_has_no_kernel():
     assert CHECKS["varlen_attention"](CpuPlatform()) == \
         "none at bfloat16: packed training uses the dense block mask"
-
-
-@pytest.mark.integration  # the check builds the tiny model
-def test_the_check_passes_a_kernel_that_keeps_packed_rows_apart():
-    detail = CHECKS["varlen_attention"](SdpaVarlenCpu())
-    assert detail.startswith("sdpa in bfloat16: max gap to fp32 "), detail
-
-
-@pytest.mark.integration  # the check builds the tiny model
-def test_the_check_fails_a_kernel_that_lets_packed_rows_see_each_other(monkeypatch):
-    import transformers.masking_utils as masking
-
-    monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)
-    with pytest.raises(AssertionError, match="does the kernel keep the packed rows apart"):
-        CHECKS["varlen_attention"](SdpaVarlenCpu())

@@ -1,5 +1,6 @@
 """Issue 34, item 6: what the model writes, where a user reads it. Before: no sampled response
-reached the run directory, W&B or TensorBoard; the user loaded the checkpoint by hand."""
+reached the run directory, W&B or TensorBoard; the user loaded the checkpoint by hand. Here
+the rows, their file and a resume cutting them; a whole run: test_samples_of_a_run.py."""
 
 import json
 
@@ -26,24 +27,6 @@ def test_the_first_n_held_out_samples_go_to_samples_jsonl_with_their_step(tmp_pa
     lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [(line["step"], line["answer"]) for line in lines] == [(3, "42"), (3, "7")]
     assert markdown(rows).splitlines()[2] == "| add 42 | 42 | 42 | 1 |"
-
-
-def test_a_run_writes_samples_and_eval_shows_them(tiny_model_dir, tmp_path, capsys):
-    from eddyrl.cli import main
-
-    run_dir = tmp_path / "run"
-    assert main(["train", f"model.path={tiny_model_dir}", f"run_dir={run_dir}",
-                 "loop.steps=1", "loop.batch_prompts=2", "rollout.n_samples=2",
-                 "rollout.max_new_tokens=8", "data.train_size=8", "data.eval_size=3",
-                 "loop.max_idle_steps=0", "observe.samples=2", "observe.trace=false",
-                 "platform=cpu"]) == 0
-    lines = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [0, 0, 1, 1]  # the warm start, then step 1
-    assert set(lines[0]) == {"step", "prompt", "response", "answer", "reward"}
-    capsys.readouterr()
-    assert main(["eval", str(run_dir), "--show", "2", "platform=cpu"]) == 0
-    shown = json.loads(capsys.readouterr().out)["samples"]
-    assert len(shown) == 2 and shown[0]["prompt"] == lines[0]["prompt"]
 
 
 def test_a_resume_cuts_the_samples_of_the_steps_it_takes_again(tmp_path):
