@@ -1,9 +1,14 @@
-"""Supervised warm start for the tiny policy on arith demonstrations, on enciphered words
-(`tasks/cipher.py`), or on reference episodes of the tiny multi-turn tool task
-(`tasks/tool_task.py`).
+"""Supervised warm start: one training loop (`train_steps`) over prompt -> response
+demonstrations, tokenized one way (`episode_tokens`: the prompt exactly as a rollout renders
+it, labels on the response only).
 
-The warm start is deliberately short: it teaches the response format and some arithmetic,
-leaving held-out accuracy modest so that RL has visible room to climb.
+Two sources feed it. A user's model and file (`eddy sft --model DIR --data FILE`, see
+`tasks/sft_user.py` and `tasks/sft_data.py`), and the bundled tiny model's own tasks, here:
+arith demonstrations, enciphered words (`tasks/cipher.py`), or reference episodes of the tiny
+multi-turn tool task (`tasks/tool_task.py`).
+
+The bundled warm start is deliberately short: it teaches the response format and some
+arithmetic, leaving held-out accuracy modest so that RL has visible room to climb.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from __future__ import annotations
 import math
 import random
 import time
+from itertools import count
 from pathlib import Path
+from typing import Callable, Iterable, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -26,7 +33,8 @@ from eddyrl.tasks.arith import (
     parse_prompt,
 )
 from eddyrl.tasks import cipher, tool_task
-from eddyrl.tasks.evaluate import chat_prompt, evaluate
+from eddyrl.tasks.evaluate import evaluate
+from eddyrl.tasks.prompts import prompt_ids
 
 IGNORE_INDEX = -100  # label value that cross_entropy skips: prompt and padding positions
 
@@ -78,31 +86,90 @@ def episode_batch(
     episodes: list[list[tuple[str, str]]],
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    """Right-padded chat prompt + episode ids; labels on the "model" segments and the end
-    token after the last one, IGNORE_INDEX on the prompt, "env" segments and padding. Each
-    segment is tokenised alone, as the rollout appends them."""
-    sequences, label_rows = [], []
-    for prompt, segments in zip(prompts, episodes):
-        prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt), add_special_tokens=False)
-        ids, labels = list(prompt_ids), [IGNORE_INDEX] * len(prompt_ids)
-        for speaker, text in segments:
-            segment = tokenizer.encode(text, add_special_tokens=False)
-            ids += segment
-            labels += segment if speaker == "model" else [IGNORE_INDEX] * len(segment)
+    """`pad_batch` of each prompt's `episode_tokens`."""
+    sequences = [episode_tokens(tokenizer, prompt_ids(tokenizer, prompt), segments)
+                 for prompt, segments in zip(prompts, episodes)]
+    return pad_batch(sequences, tokenizer.pad_token_id, device)
+
+
+def episode_tokens(
+    tokenizer: PreTrainedTokenizerFast,
+    prompt: Sequence[int],
+    segments: Iterable[tuple[str, str]],
+) -> tuple[list[int], list[int]]:
+    """(ids, labels) of a prompt's token ids followed by an episode's segments and the end
+    token: labels on the "model" segments and the end token, IGNORE_INDEX on the prompt and
+    on "env" segments. Each segment is tokenized alone, as the rollout appends them; the end
+    token is the one a rollout stops on (`tokenizer.eos_token_id`), added unless the last
+    segment already ends with it."""
+    ids, labels = list(prompt), [IGNORE_INDEX] * len(prompt)
+    for speaker, text in segments:
+        # verbose=False: a row longer than the model is refused by name, not warned about
+        segment = tokenizer.encode(text, add_special_tokens=False, verbose=False)
+        ids += segment
+        labels += segment if speaker == "model" else [IGNORE_INDEX] * len(segment)
+    if ids[-1] != tokenizer.eos_token_id or labels[-1] == IGNORE_INDEX:
         ids.append(tokenizer.eos_token_id)
         labels.append(tokenizer.eos_token_id)
-        sequences.append(ids)
-        label_rows.append(labels)
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
+    return ids, labels
+
+
+def pad_batch(
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_token_id: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Right-padded `input_ids`, `labels` and `attention_mask` of (ids, labels) pairs; padding
+    is out of attention and has IGNORE_INDEX labels."""
+    width = max(len(ids) for ids, _ in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id)
     labels = torch.full((len(sequences), width), IGNORE_INDEX)
     attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, (sequence, label_row) in enumerate(zip(sequences, label_rows)):
+    for i, (sequence, label_row) in enumerate(sequences):
         input_ids[i, : len(sequence)] = torch.tensor(sequence)
         labels[i, : len(sequence)] = torch.tensor(label_row)
         attention_mask[i, : len(sequence)] = 1
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
     return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def train_steps(
+    model: torch.nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    *,
+    steps: int,
+    lr: float,
+    stop_at: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Train `model` on `batches`, one optimizer step each, and return every step's loss (the
+    model's own: the mean cross-entropy over the batch's labelled tokens).
+
+    AdamW (weight decay 0.01), the learning rate warmed up linearly over the first 5% of
+    `steps` and then decayed along a cosine to zero at `steps`, gradients clipped to norm 1.
+    `stop_at` ends training after that many steps, the schedule still the one of `steps`.
+    `on_step(step, loss)` is called after each step (1-based)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+
+    def warmup_then_cosine(step: int) -> float:
+        return min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine)
+    model.train()
+    losses = []
+    for step, batch in zip(range(steps if stop_at is None else stop_at), batches):
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+    model.eval()
+    return losses
 
 
 def check_stop_at(stop_at: int | None, steps: int) -> None:
@@ -147,39 +214,29 @@ def run_sft(
     started = time.monotonic()
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed, model_config).to(device)
-    model.train()
     with_tool = isinstance(task, tool_task.ToolTaskConfig)
     with_cipher = isinstance(task, cipher.CipherTaskConfig)
     generate = (tool_task.generate_rows if with_tool
                 else cipher.generate_rows if with_cipher else generate_rows)
     train_rows = generate(steps * batch_size, seed, "train", task)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    warmup = max(1, steps // 20)
-
-    def warmup_then_cosine(step: int) -> float:
-        return min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps)))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine)
     random.Random(seed).shuffle(train_rows)
     early_stop_rng = random.Random(f"lazy-{seed}")
     careless = no_tool_fraction if with_tool else early_stop_fraction
-    loss_value = float("nan")
-    for step in range(steps if stop_at is None else stop_at):
-        rows = train_rows[step * batch_size : (step + 1) * batch_size]
-        stop_early = [early_stop_rng.random() < careless for _ in rows]
-        if with_cipher:
-            batch = cipher_demonstration_batch(tokenizer, rows, device)
-        else:
-            batch = (tool_demonstration_batch if with_tool else demonstration_batch)(
-                tokenizer, rows, device, stop_early)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        loss_value = loss.item()
-    model.eval()
+
+    def demonstrations():
+        # written batch by batch, the careless ones drawn in training order: the shipped warm
+        # starts were made so, and drawing them otherwise would change them
+        for step in count():
+            rows = train_rows[step * batch_size : (step + 1) * batch_size]
+            stop_early = [early_stop_rng.random() < careless for _ in rows]
+            if with_cipher:
+                yield cipher_demonstration_batch(tokenizer, rows, device)
+            else:
+                yield (tool_demonstration_batch if with_tool else demonstration_batch)(
+                    tokenizer, rows, device, stop_early)
+
+    losses = train_steps(model, demonstrations(), steps=steps, lr=lr, stop_at=stop_at)
+    loss_value = losses[-1]
     accuracy = None
     if with_cipher:
         accuracy = evaluate(model, tokenizer, cipher.generate_rows(eval_count, seed, "eval", task),
