@@ -1,6 +1,7 @@
 """Bad reward code: a dotted path that does not load fails at start-up naming the config key; a
 reward that raises, returns NaN/inf or a non-number, or hangs, scores 0 for that sample, the
-error is recorded and counted (`reward_errors`), and the run goes on."""
+error is recorded and counted (`reward_errors`), and the run goes on. (The
+`data.reward_timeout_s` setting reaching a run's reward: test_reward_timeout_setting.py.)"""
 
 import logging
 import math
@@ -10,7 +11,6 @@ import time
 
 import pytest
 
-from eddyrl.config import load_config
 from eddyrl.core.rewarding import SafeReward, load_reward_fn
 from eddyrl.errors import ConfigError
 
@@ -104,19 +104,6 @@ def test_reward_timeout_keeps_an_outer_timer():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not fired
-
-
-def test_reward_timeout_setting(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError) as error:
-        load_config(overrides=["data.reward_timeout_s=0"])
-    assert str(error.value) == ("config key 'data.reward_timeout_s' = 0.0 is out of range; "
-                                "allowed: (0, inf)")
-    from eddyrl.launch import prepare
-
-    config = load_config(overrides=["data.reward_timeout_s=0.5", "data.train_size=4",
-                                    "data.eval_size=2"])
-    reward = prepare(config, tiny_model_dir, tmp_path).reward
-    assert reward.timeout_s == 0.5  # what a run scores with
 
 
 @pytest.mark.parametrize("value, kind", [

@@ -3,7 +3,7 @@
 stayed empty. Now a full disk (ENOSPC) or quota (EDQUOT), however it was wrapped, ends the run
 with one line: that the disk is full, where, and the checkpoint to go on from; the traceback a
 worker_errors.log cannot take goes to stderr. The disk is filled by an OSError(ENOSPC) raised
-where the write would fail."""
+where the write would fail. (Each way of wrapping it, found: test_disk_full_wrapped.py.)"""
 
 import asyncio
 import errno
@@ -12,45 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from eddyrl import disk_full
 from eddyrl.cli import main
 
-from .test_worker_errors import bare_runtime  # noqa: F401  (a fixture: RayCalls, no workers)
-
-ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file name
-
-
-def _checkpoint_exception(error: OSError) -> BaseException:
-    """What torch.distributed.checkpoint raises for a rank's failed write."""
-    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
-
-    try:
-        raise error
-    except OSError as exc:
-        return CheckpointException("save failed", {0: _wrap_exception(exc)})
-
-
-@pytest.mark.parametrize("made, found", [
-    pytest.param(lambda: OSError(errno.ENOSPC, "No space left on device", "/r/m.safetensors"),
-                 (errno.ENOSPC, "/r/m.safetensors"), id="oserror"),
-    pytest.param(lambda: _checkpoint_exception(ENOSPC), (errno.ENOSPC, None),
-                 id="checkpoint-exception"),
-    pytest.param(lambda: RuntimeError("Error while serializing: I/O error: Disk quota exceeded "
-                                      "(os error 122)"), (errno.EDQUOT, None), id="safetensors"),
-    pytest.param(lambda: RuntimeError("ray::TrainerRank.save()\nOSError: [Errno 28] No space "
-                                      "left on device: '/r/x'"), (errno.ENOSPC, "/r/x"),
-                 id="traceback-text"),
-])
-def test_a_full_disk_is_found_however_it_was_wrapped(made, found):
-    try:
-        try:
-            raise made()
-        except BaseException as inner:
-            raise RuntimeError("cleanup failed too") from inner
-    except RuntimeError as outer:
-        full = disk_full.find(outer)
-    assert (full.code, full.path) == found
-    assert disk_full.find(RuntimeError("a different error")) is None
+from .disk_full_cases import ENOSPC, checkpoint_exception
+from .local_ray import bare_runtime  # noqa: F401  (a fixture: RayCalls, no workers)
 
 
 def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, monkeypatch,
@@ -64,7 +29,7 @@ def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, mon
     def save_rng(*args):
         saves.append(args)
         if len(saves) == 2:
-            raise _checkpoint_exception(ENOSPC)
+            raise checkpoint_exception(ENOSPC)
         return real_save_rng(*args)
 
     real_save_rng = fsdp.save_rng
@@ -90,7 +55,7 @@ def _full_disk_actor():
     import ray
 
     class Saving:
-        def save(self, path: str) -> None:  # `_checkpoint_exception`, here: not importable
+        def save(self, path: str) -> None:  # `checkpoint_exception`, here: not importable
             from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
             try:

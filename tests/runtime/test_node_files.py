@@ -1,7 +1,8 @@
 """Directories moved between the driver and Ray nodes through the object store
 (`eddyrl/runtime/node_files.py`), on a local Ray started as a run starts it. One machine plays
 every node: what is checked is the copy, the cache's once-per-node write and the refusals,
-not the network."""
+not the network. (What cannot be shipped as files at all, refused before any Ray:
+test_node_files_unshippable.py.)"""
 
 import dataclasses
 import fcntl
@@ -192,32 +193,6 @@ def test_bytes_that_do_not_match_the_manifest_name_the_file_and_both_hashes(loca
     assert real in message and "0" * 64 in message
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
         lock_path(tmp_path / "cache" / wrong.fingerprint).name]  # no copy, no partial one
-
-
-def test_what_cannot_be_shipped_as_files_is_refused_by_name(tmp_path):
-    source = tmp_path / "model"
-    source.mkdir()
-    (source / "config.json").write_text("{}")
-    (tmp_path / "secret").write_text("outside")
-    os.symlink(tmp_path / "secret", source / "escape.json")
-    with pytest.raises(NodeFilesError, match=r"escape.json: a symlink to .*secret, outside"):
-        DirectoryShipment.from_path(source)
-    (source / "escape.json").unlink()
-
-    os.symlink("../model", source / "loop")
-    with pytest.raises(NodeFilesError, match=r"loop: a symlink to .*not a regular file"):
-        DirectoryShipment.from_path(source)
-    (source / "loop").unlink()
-
-    os.symlink("gone.json", source / "dangling.json")
-    with pytest.raises(NodeFilesError, match=r"dangling.json: a symlink to 'gone.json', "
-                                             "which does not exist"):
-        DirectoryShipment.from_path(source)
-    (source / "dangling.json").unlink()
-
-    os.mkfifo(source / "pipe")
-    with pytest.raises(NodeFilesError, match=r"pipe: not a regular file"):
-        DirectoryShipment.from_path(source)
 
 
 def test_a_symlink_to_a_file_inside_is_shipped_as_a_copy(local_ray, tmp_path):

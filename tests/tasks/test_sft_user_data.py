@@ -1,11 +1,10 @@
 """`eddy sft --model DIR --data FILE`: the user's own model on the user's prompt -> response
 file. The loss is on the response only, prompts are rendered as RL's rollouts render them,
 the output loads in transformers and passes `eddy train`'s model checks, and every bad input
-is refused naming the file, the row and the key."""
+is refused naming the file, the row and the key. (A --model that is not a model directory,
+refused before the tiny model is needed: test_sft_not_a_model.py.)"""
 
 import json
-import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,29 +17,9 @@ from eddyrl.models.config import ModelConfig, load_tokenizer
 from eddyrl.tasks.prompts import prompt_ids
 from eddyrl.tasks.sft import IGNORE_INDEX, pad_batch
 from eddyrl.tasks.sft_data import SftFileConfig, tokenize_demonstrations
-from eddyrl.tasks.sft_user import MARKER, run_sft_on_file
+from eddyrl.tasks.sft_user import MARKER
 
-CPU = torch.device("cpu")
-
-
-def sum_rows(count: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(count):
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        rows.append({"prompt": f"add {a} {b}", "response": f"{a} + {b} = {a + b}"})
-    return rows
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def sft(model_dir, data, out, **settings) -> dict:
-    kwargs = {"file": SftFileConfig(), "lr": 3e-3, "batch_size": 8, "seed": 0, "device": CPU,
-              "log": lambda line: None, **settings}
-    return run_sft_on_file(model_dir, str(data), out, **kwargs)
+from .sft_user_cases import CPU, sft, sum_rows, write_jsonl
 
 
 @pytest.fixture(autouse=True)
@@ -161,15 +140,6 @@ def test_a_bad_file_is_refused_naming_the_file_row_and_key(tiny_model_dir, tmp_p
     with pytest.raises(ConfigError, match=message):
         sft(tiny_model_dir, data, tmp_path / "out", steps=1)
     assert not (tmp_path / "out").exists()
-
-
-def test_a_model_dir_that_is_not_a_model_is_refused(tmp_path):
-    data = write_jsonl(tmp_path / "sums.jsonl", sum_rows(2))
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "todo.txt").write_text("x")
-    with pytest.raises(ConfigError, match=r"--model '.*notes'.*no config.json and no "
-                       r"\*.safetensors, so it is not a Hugging Face model directory"):
-        sft(str(tmp_path / "notes"), data, tmp_path / "out", steps=1)
 
 
 def test_out_is_never_a_users_directory_nor_the_model(tiny_model_dir, tmp_path):
