@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from fake_runtime import RecordingRuntime
+
 from eddyrl.core.config import AlgorithmConfig, LoopConfig, WindowConfig
 from eddyrl.build import build_controller
 from eddyrl.core.controller import LoopSettings
@@ -17,31 +19,7 @@ from eddyrl.core.rewarding import SafeReward
 from eddyrl.protocol import SamplingParams
 from eddyrl.engines.inference.hf import HFInferenceEngine
 from eddyrl.hal import get_platform
-from eddyrl.runtime.inprocess import InProcessRuntime
 from eddyrl.tasks.prompts import PromptSet
-
-
-class RecordingRuntime(InProcessRuntime):
-    """Records what would be trained; weight syncs republish the engine's own weights under
-    the new version (the trainer here does not change them)."""
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.batches, self.synced = [], []
-
-    async def train(self, batch, replicas=()):
-        self.batches.append(batch)
-        return {"loss": 0.0, "mismatch_abs_sum": 0.0, "mismatch_tokens": float(batch.num_tokens())}
-
-    def weights(self, version):
-        return {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
-
-    async def sync_weights(self, version, hold=()):
-        self.synced.append(version)
-        weights = self.weights(version)
-        for index, engine in enumerate(self.workers):
-            await engine.load_weights(version, [weights], hold=index in hold)
-        return [engine.version for engine in self.workers]
 
 
 @pytest.fixture()

@@ -16,6 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fake_runtime import RecordingRuntime
+
 from eddyrl.core.requests import Status
 from eddyrl.core.batching import build_train_batch
 from eddyrl.core.config import AlgorithmConfig, LoopConfig
@@ -366,23 +368,6 @@ def test_tool_returns_reach_the_bucket_router(tiny_model_dir, tokenizer):
         ends = [end for _, end in _spans(t.result.loss_mask, 1)][:2]
         assert [n for rid, _, n in seen if rid == t.result.request_id] == ends
     assert rollout.router.stats().connections == {"short": 0, "long": 0}
-
-
-class RecordingRuntime(InProcessRuntime):
-    """Records what would be trained; a weight sync republishes the engine's own weights."""
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.batches = []
-
-    async def train(self, batch, replicas=()):
-        self.batches.append(batch)
-        return {"loss": 0.0}
-
-    async def sync_weights(self, version, hold=()):
-        weights = {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
-        await self.engine.load_weights(version, [weights], hold=0 in hold)
-        return [self.engine.version]
 
 
 def _broken(*, prompt, answer, **kwargs):

@@ -5,6 +5,7 @@ version contract, no model) in a runtime that can lose and replace them."""
 
 import asyncio
 
+from fake_runtime import RecordingRuntime
 from scripted_engine import ScriptedEngine, until
 
 from eddyrl.core.requests import Purpose, Status
@@ -14,41 +15,11 @@ from eddyrl.core.rewarding import SafeReward
 from eddyrl.core.rollout import StreamingRollout
 from eddyrl.protocol import Group, SamplingParams
 from eddyrl.core.version_window import VersionWindow
-from eddyrl.errors import WorkerLost
-from eddyrl.runtime.inprocess import InProcessRuntime
 
 
-class LossyRuntime(InProcessRuntime):
-    """Engines in this process that a test can kill: a killed worker's streams end with
-    `WorkerLost` at their next result, as a dead Ray actor's do; `replace_worker` builds a
-    fresh engine on the published weights, once the test lets it (`replacements`)."""
-
-    def __init__(self, engines):
-        super().__init__(engines)
-        self.dead: set[int] = set()
-        self.published = 0
-        self.replacements = asyncio.Event()
-        self.replaced: list[int] = []
-
-    def kill(self, worker):
-        self.dead.add(worker)
-
-    async def generate(self, worker, requests):
-        if worker in self.dead:
-            raise WorkerLost(worker, "generate", "actor died")
-        async for result in self.workers[worker].generate(requests):
-            if worker in self.dead:
-                raise WorkerLost(worker, "generate", "actor died")
-            yield result
-
-    async def replace_worker(self, worker):
-        await self.replacements.wait()
-        engine = ScriptedEngine(token=7)
-        await engine.load_weights(self.published)
-        self.workers[worker] = engine
-        self.dead.discard(worker)
-        self.replaced.append(worker)
-        return self.published
+def lossy_runtime(engines):
+    """Scripted engines a test can kill; a replacement is a fresh scripted engine."""
+    return RecordingRuntime(engines, replacement=lambda: ScriptedEngine(token=7))
 
 
 def _rollout(runtime):
@@ -68,7 +39,7 @@ def test_a_lost_workers_requests_are_regenerated_and_the_replacement_comes_back(
     async def run():
         engines = [ScriptedEngine(token=3), ScriptedEngine(token=4)]
         engines[0].holds["g0"] = asyncio.Event()  # busy: nothing of g0 finishes on worker 0
-        runtime = LossyRuntime(engines)
+        runtime = lossy_runtime(engines)
         rollout = _rollout(runtime)
         _dispatch(rollout, "g0", 2, worker=0)
         await until(lambda: engines[0]._running == 2)
@@ -101,7 +72,7 @@ def test_with_every_worker_lost_requests_wait_for_the_replacement():
     async def run():
         engine = ScriptedEngine(token=3)
         engine.holds["g0"] = asyncio.Event()
-        runtime = LossyRuntime([engine])
+        runtime = lossy_runtime([engine])
         rollout = _rollout(runtime)
         _dispatch(rollout, "g0", 2, worker=0)
         await until(lambda: engine._running == 2)
@@ -129,7 +100,7 @@ def test_a_lost_workers_refill_group_is_requeued_in_the_ledger_too():
     async def run():
         engines = [ScriptedEngine(token=3), ScriptedEngine(token=4)]
         engines[0].holds["r0"] = asyncio.Event()
-        runtime = LossyRuntime(engines)
+        runtime = lossy_runtime(engines)
         rollout = _rollout(runtime)
         rollout.ledger.queue("r0", 0, 0)
         group = Group("r0", "r0", "1", [5, 6], 0)
