@@ -1,0 +1,322 @@
+"""`eddy plan --cluster SCENARIO`: the simulator searches split, mode, K, concurrency and
+bucket layout for the scenario's model, lengths and cluster (cluster_search.py: the staged
+search) and reports the best few with their predicted step time, trained samples/s, device
+idle and memory fit (the memory plan of memory_plan.py on the scenario's devices).
+
+A candidate's config is what `eddy bench sim --policies MODE` runs (sim/policies.py: the
+scenario with the command's overrides, the registry's BASE, the mode, its scenario hook), with
+the split among the command's overrides (so a hook sizes buckets and windows for it) and the
+search's own settings last, over the mode's: K, groups in flight, rollout batch size, layout.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import yaml
+
+from ..errors import ConfigError, EddyError
+from .cluster_search import Candidate, Outcome, SearchResult, Space, search
+
+if TYPE_CHECKING:
+    from ..sim.config import SimRunConfig
+
+GIB = 2**30
+
+
+def _current_names(overrides: list[str]) -> list[str]:
+    """A moved key's old name written as its new one (config.loader.RENAMED), so that the
+    mode's settings (new names) override it: the loader refuses both names in one list."""
+    from ..config.loader import RENAMED
+
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        out.append(f"{RENAMED.get(key, key)}{sep}{value}")
+    return out
+
+
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
+def _relayout(hook: list[str], long_workers: int, rollout_devices: int, tp: int) -> list[str]:
+    """The bucket hook's layout with `long_workers` instances in the long bucket and the rest
+    of the rollout devices in short instances of tp `tp`."""
+    from ..modes import settings
+
+    buckets = settings(hook).get("routing.buckets")
+    if not buckets:
+        raise ConfigError("bucket layout: the mode lays out no routing.buckets")
+    long = next(b for b in buckets if b["name"] == "long")
+    wide = long.get("parallelism") or tp
+    short_devices = rollout_devices - long_workers * wide
+    if short_devices < tp or short_devices % tp:
+        raise ConfigError(f"bucket layout: {long_workers} long instances of tp {wide} leave "
+                          f"{short_devices} of {rollout_devices} rollout devices for short ones")
+    for bucket in buckets:
+        bucket["workers"] = long_workers if bucket is long else short_devices // tp
+    workers = sum(b["workers"] for b in buckets)
+    return [f"rollout.num_workers={workers}", f"routing.buckets={_flow(buckets)}"]
+
+
+def candidate_config(scenario: str, overrides: list[str], candidate: Candidate,
+                     steps: int) -> SimRunConfig:
+    """The simulated run of `candidate` (module docstring)."""
+    from ..modes import BASE, get
+    from ..sim.config import load_scenario
+    from ..sim.policies import scenario_overrides
+
+    tp = load_scenario(scenario, overrides).sim.rollout.tp
+    # the simulator sets rollout.num_workers from the instances (sim/runtime.py, build)
+    first = _current_names([*overrides, f"loop.steps={steps}",
+                            f"sim.rollout.devices={candidate.rollout_devices}",
+                            f"sim.train.devices={candidate.train_devices}"])
+    hook = scenario_overrides(scenario, first, candidate.mode)
+    last = []
+    if candidate.max_staleness is not None:
+        last.append(f"window.max_staleness={candidate.max_staleness}")
+    if candidate.inflight is not None:
+        last.append(f"window.max_inflight_prompts={candidate.inflight}")
+    if candidate.batch_size is not None:
+        last.append(f"sim.rollout.max_batch_size={candidate.batch_size}")
+    if candidate.long_workers is not None:
+        last += _relayout(hook, candidate.long_workers, candidate.rollout_devices, tp)
+    return load_scenario(scenario, [*first, *BASE, *get(candidate.mode).overrides, *hook,
+                                    *last])
+
+
+def ran_with(config: SimRunConfig) -> dict[str, Any]:
+    """The settings a candidate ran with, for the search's next stage and the report."""
+    long = [b.workers for b in config.routing.buckets if b.name == "long"] \
+        if config.routing.policy != "none" else []
+    return {"placement": config.cluster.placement, "max_staleness": config.window.max_staleness,
+            "inflight": config.window.max_inflight_prompts,
+            "batch_size": config.sim.rollout.max_batch_size,
+            "long_workers": long[0] if long else None}
+
+
+@contextmanager
+def _short_runs() -> Iterator[None]:
+    """The loader's warnings about short runs (a K larger than the steps can reach) speak of a
+    real run of the same length; a plan's simulated runs are short on purpose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+@dataclass
+class SimEvaluator:
+    """Runs a candidate in the simulator: its row over the steady steps (`policies.row`)."""
+
+    scenario: str
+    overrides: list[str]
+    steps: int
+    progress: Callable[[Outcome], None] = lambda outcome: None
+
+    def __call__(self, candidate: Candidate, stage: str) -> Outcome:
+        from ..sim.policies import row
+        from ..sim.runtime import simulate
+
+        try:
+            with _short_runs():
+                config = candidate_config(self.scenario, self.overrides, candidate, self.steps)
+                numbers = row(simulate(config))
+        except EddyError as exc:  # a setting this candidate cannot have
+            outcome = Outcome(candidate, stage, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 -- the simulator failed on this candidate:
+            # the search goes on without it and says so (stderr, `evaluated` in --json)
+            outcome = Outcome(candidate, stage,
+                              error=f"the simulator failed: {type(exc).__name__}: {exc}")
+        else:
+            outcome = Outcome(candidate, stage, step_s=numbers["step_s"],
+                              samples_per_s=numbers["samples_per_s"],
+                              device_idle=numbers["device_idle"],
+                              rollout_idle=numbers["rollout_idle"],
+                              train_idle=numbers["train_idle"], settings=ran_with(config))
+        self.progress(outcome)
+        return outcome
+
+
+# ---- memory fit --------------------------------------------------------------------------
+def _shape_name(config: SimRunConfig) -> str | None:
+    from ..models.config import shipped_shapes
+
+    if config.model.shape is not None:
+        return config.model.shape
+    known = {name.lower(): name for name in shipped_shapes()}
+    return known.get(config.sim.model.lower())
+
+
+# A scenario describes the cluster, not the real run's memory settings, whose built-in
+# defaults are the tiny CPU run's (fp32, no checkpointing, an exact KV cache). Where neither the
+# scenario nor the command sets one, the plan takes the GPU recipes' (configs/recipes/
+# qwen3_4b_dapo_math_gpu.yaml): vLLM in bf16 on 90 % of the device, bf16 training with
+# selective checkpointing, micro-batches of at most 24,576 tokens (or one longest sequence).
+CLUSTER_MEMORY: tuple[tuple[str, Any], ...] = (
+    ("rollout.engine", "vllm"), ("rollout.dtype", "bf16"), ("rollout.memory_fraction", 0.9),
+    ("train.param_dtype", "bf16"), ("train.activation_checkpointing", "selective"),
+    ("train.micro_batch_size", 8), ("train.max_tokens_per_micro_batch", 24576))
+
+
+def _get(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def memory_fit(config: SimRunConfig) -> dict[str, Any]:
+    """The memory plan of a candidate's run on the scenario's devices, or why there is none:
+    the plan needs the model's shape (a shipped one by `sim.model`'s name, or `model.shape`)
+    and models one device per rollout engine and FSDP training (no tensor parallelism)."""
+    from ..models.config import shape_file
+    from .memory_plan import device_memory, plan_inputs, plan_memory, with_setting
+
+    sim = config.sim
+    shape = _shape_name(config)
+    if shape is None:
+        return {"planned": False, "reason": f"no shipped shape for sim.model {sim.model!r}; "
+                "set model.shape to its config.json"}
+    from ..sim.runtime import instance_tps
+
+    wide = [tp for tp in instance_tps(config) if tp > 1]
+    if wide or sim.train.tp > 1:
+        role = f"rollout instances of tp {max(wide)}" if wide else \
+            f"training groups of tp {sim.train.tp}"
+        return {"planned": False, "reason": f"{role}: the memory plan models one device per "
+                "rollout engine and FSDP training, no tensor parallelism"}
+    from ..sim.config import SimRunConfig
+
+    run, defaults = config, SimRunConfig()
+    for key, value in CLUSTER_MEMORY:
+        if _get(config, key) == _get(defaults, key):
+            run = with_setting(run, key, value)
+    for key, value in (("model.path", str(shape_file(shape).parent)),
+                       ("rollout.max_new_tokens", sim.workload.max_response_tokens),
+                       ("data.max_prompt_tokens", sim.workload.prompt_tokens),
+                       ("rollout.max_batch_size", sim.rollout.max_batch_size),
+                       ("rollout.num_workers", sim.rollout.groups),
+                       ("train.num_workers", sim.train.fsdp_size or sim.train.devices)):
+        run = with_setting(run, key, value)
+    inputs = plan_inputs(run, sim.train.accelerator)
+    inputs = replace(inputs, memories={"train": inputs.memories["train"],
+                                       "rollout": device_memory(None, sim.rollout.accelerator)})
+    plan = plan_memory(run, inputs=inputs)
+    return {"planned": True, "fits": plan.fits, "shape": shape,
+            "devices": [{"devices": d.label, "count": d.count, "peak_gib": d.peak / GIB,
+                         "memory_gib": d.memory.bytes / GIB, "fits": d.fits,
+                         **{k: r.details[k] for r in d.roles for k in ("concurrent_sequences",)
+                            if k in r.details}}
+                        for d in plan.devices],
+            "settings": {key: _get(run, key) for key, _ in CLUSTER_MEMORY},
+            "fixes": [fix.override for fix in plan.fixes]}
+
+
+def memory_text(fit: dict[str, Any]) -> str:
+    if not fit["planned"]:
+        return "not planned"
+    parts = ", ".join(f"{d['devices']} {d['peak_gib']:.0f}/{d['memory_gib']:.0f} GiB"
+                      for d in fit["devices"])
+    return ("fits: " if fit["fits"] else "DOES NOT FIT: ") + parts
+
+
+# ---- the command -------------------------------------------------------------------------
+def space_of(config: SimRunConfig, steps: int) -> Space:
+    """The search space on the scenario. K is tried up to steps - 1: no trajectory of a run
+    of `steps` steps can be older, so a larger K cannot show in it."""
+    from ..sim.policies import POLICIES
+
+    sim = config.sim
+    return Space(modes=tuple(POLICIES), rollout_devices=sim.rollout.devices,
+                 train_devices=sim.train.devices, rollout_tp=sim.rollout.tp,
+                 train_tp=sim.train.tp, batch_prompts=config.loop.batch_prompts,
+                 staleness_choices=tuple(k for k in (1, 2, 3, 4) if k <= max(1, steps - 1)))
+
+
+def _progress(budget: int) -> Callable[[Outcome], None]:
+    done = [0]
+
+    def report(o: Outcome) -> None:
+        done[0] += o.ok
+        c, what = o.candidate, ""
+        for name, value in (("K", c.max_staleness), ("inflight", c.inflight),
+                            ("batch", c.batch_size), ("long", c.long_workers)):
+            what += f" {name}={value}" if value is not None else ""
+        result = (f"{o.step_s:.1f} s/step, {o.samples_per_s:.2f} samples/s" if o.ok
+                  else f"refused: {o.error}")
+        print(f"[{o.stage} {done[0]}/{budget}] {c.mode} {c.split}{what}: {result}",
+              file=sys.stderr, flush=True)
+    return report
+
+
+def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, top: int,
+                 evaluate=None) -> dict[str, Any]:
+    """The search on `scenario` and its report as a dict (`format_cluster_plan` prints it)."""
+    from ..sim.config import load_scenario
+
+    if top < 1:
+        raise ConfigError(f"--top {top}: print at least 1 choice")
+    if steps < 2:
+        raise ConfigError(f"--steps {steps}: at least 2 (the first step fills the pipeline; "
+                          "candidates are compared on the others)")
+    config = load_scenario(scenario, overrides)
+    space = space_of(config, steps)
+    began = time.perf_counter()
+    evaluate = evaluate or SimEvaluator(scenario, overrides, steps, _progress(budget))
+    result: SearchResult = search(space, evaluate, budget)
+    choices = []
+    for outcome in result.ranked()[:top]:
+        entry = outcome.as_dict()
+        try:
+            with _short_runs():
+                run = candidate_config(scenario, overrides, outcome.candidate, steps)
+            entry["memory"] = memory_fit(run)
+        except EddyError as exc:
+            entry["memory"] = {"planned": False, "reason": str(exc)}
+        choices.append(entry)
+    return {"scenario": scenario, "overrides": overrides, "model": config.sim.model,
+            "devices": {"rollout": f"{space.rollout_devices} {config.sim.rollout.accelerator}",
+                        "train": f"{space.train_devices} {config.sim.train.accelerator}"},
+            "default_split": f"{space.rollout_devices}:{space.train_devices}",
+            "steps": steps, "budget": budget, "runs": result.runs,
+            "wall_s": time.perf_counter() - began,
+            "baseline": result.baseline.as_dict() if result.baseline else None,
+            "choices": choices, "evaluated": [o.as_dict() for o in result.outcomes]}
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def format_cluster_plan(plan: dict[str, Any]) -> str:
+    lines = [f"eddy plan --cluster {plan['scenario']}: {plan['model']}, rollout "
+             f"{plan['devices']['rollout']}, training {plan['devices']['train']}; "
+             f"{plan['runs']} simulated runs of {plan['steps']} steps in {plan['wall_s']:.0f} s",
+             "compared on the steady steps (all but the first, which fills the pipeline); "
+             "faster: more trained samples/s"]
+    base = plan["baseline"]
+    if base is None:
+        return "\n".join([*lines, "no registry mode ran on this scenario (see the errors)"])
+    lines.append(f"best registry mode at the default split {plan['default_split']}: "
+                 f"{base['mode']}, {base['step_s']:.1f} s/step, "
+                 f"{base['samples_per_s']:.2f} samples/s")
+    lines += ["", "| # | mode | split | K | in flight | batch | long | step s | samples/s | "
+              "device idle | memory |", "|---" * 11 + "|"]
+    notes = []
+    for i, c in enumerate(plan["choices"], 1):
+        s = c["settings"]
+        split = c["split"] if s.get("placement") != "colocated" else \
+            f"all {c['rollout_devices'] + c['train_devices']} shared"
+        lines.append(f"| {i} | {c['mode']} | {split} | {s['max_staleness']} | "
+                     f"{s['inflight'] or '-'} | {s['batch_size']} | {s['long_workers'] or '-'} "
+                     f"| {c['step_s']:.1f} | {c['samples_per_s']:.2f} | "
+                     f"{_percent(c['device_idle'])} | {memory_text(c['memory'])} |")
+        if not c["memory"]["planned"] and c["memory"]["reason"] not in notes:
+            notes.append(c["memory"]["reason"])
+    lines += [f"memory not planned: {note}" for note in notes]
+    return "\n".join(lines)
