@@ -45,7 +45,8 @@ import torch
 
 from eddyrl.errors import ConfigError
 from eddyrl.hal import Platform, get_platform
-from eddyrl.scheduler.cost_model import CostModel, Efficiency, Measurement, fit_efficiency
+from eddyrl.scheduler.cost_model import (NO_STEP_OVERHEADS, CostModel, Efficiency,
+                                         Measurement, fit_efficiency)
 from eddyrl.scheduler.hardware import (ACCELERATORS, Accelerator, ModelSpec, lookup_accelerator,
                                        measure_cpu, model_from_hf_config)
 
@@ -385,8 +386,10 @@ def run_model(name, platform, accelerator, plan, clock, deadline, result) -> lis
         seconds = statistics.median(times) / per
 
         def measurement(value: float) -> Measurement:
+            # the hf engine's kernels against the bare kernels' model (no serving overheads)
             return Measurement(accelerator=accelerator, model=spec, quantity=quantity,
-                               arguments=arguments, seconds=value, source=label)
+                               arguments=arguments, seconds=value, source=label,
+                               overheads=NO_STEP_OVERHEADS)
 
         point = Point(wall=measurement(seconds))
         entry = {**row, "quantity": quantity, "arguments": arguments, "per_call_divisor": per,

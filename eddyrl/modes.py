@@ -44,7 +44,8 @@ FOLDER = Path(__file__).resolve().parent / "configs" / "modes"
 
 # Every dimension a mode sets, at its built-in default (the simulator's reset of a scenario)
 BASE: tuple[str, ...] = (
-    "window.max_staleness=0", "window.max_inflight_prompts=0", "window.refill=batch",
+    "window.max_staleness=0", "window.max_inflight_prompts=0",
+    "window.max_started_per_sync=0", "window.refill=batch",
     "window.partial_rollout=false", "window.migrate=true", "window.fill_legacy=false",
     "algorithm.decoupled=false", "algorithm.tis_cap=null", "algorithm.max_refill_rounds=0",
     "replay.max_fraction=0", "routing.policy=none", "cluster.placement=split",
@@ -68,8 +69,17 @@ SCENARIO_HOOKS: dict[str, ScenarioHook] = {
         ("sim.rollout.devices", "sim.train.devices")),
     "partial_window": ScenarioHook(
         "K is the scenario's own (at least 1: how many versions a trajectory may span; verl "
-        "sets no such bound) and the rollout runs half a batch of the scenario's "
-        "loop.batch_prompts ahead (verl's staleness_threshold 0.5)",
+        "sets no such bound) and the rollout runs sim.staleness_threshold (verl's, 0.5 unless "
+        "the scenario says) of the scenario's loop.batch_prompts ahead, bounded as the system "
+        "named by sim.reproduces bounds it (eddy: groups generating; verl: groups started per "
+        "weight sync, and 16 generating per rollout server, with verl's loss: clipped against "
+        "the rollout engine's log-probs, no old or proximal log-prob pass)",
+        ("window.max_staleness", "window.max_inflight_prompts",
+         "window.max_started_per_sync", "sim.train.rollout_logprobs", "algorithm.decoupled")),
+    "areal_window": ScenarioHook(
+        "on a scenario that reproduces AReaL (sim.reproduces: areal), the scenario's own K "
+        "(AReaL's max_head_offpolicyness) and groups in flight (window.max_inflight_prompts, "
+        "AReaL's max_concurrent_rollouts); on any other, nothing",
         ("window.max_staleness", "window.max_inflight_prompts")),
     "scenario_workers": ScenarioHook(
         "the scenario's own rollout workers (one per instance of its cluster)",
@@ -182,7 +192,8 @@ _MODES = [
          "generation, bounded staleness, prompts topped up as groups finish); the same window "
          "as multiversion, so the two differ only in how a trajectory meets a new version.",
          "the most overlap, when bounded staleness and mixed-version trajectories are "
-         "acceptable"),
+         "acceptable",
+         scenario="areal_window"),
     Mode("multiversion", _MULTIVERSION,
          "DORA's multi-version streaming rollout, K = 3: one policy version per trajectory, "
          "legacy requests moved off the workers the new version needs, free legacy slots "

@@ -106,7 +106,8 @@ class EddyConfig:
         rollout run further ahead, and up to K x batch_prompts groups still generating when the
         run ends are drained and never trained: at least as many as the whole run trains."""
         k, steps, batch = self.window.max_staleness, self.loop.steps, self.loop.batch_prompts
-        if k == 0 or steps == 0 or k < steps or self.window.max_inflight_prompts:
+        if k == 0 or steps == 0 or k < steps or self.window.max_inflight_prompts or \
+                self.window.max_started_per_sync:
             return
         warnings.warn(
             f"window.max_staleness = {k} with loop.steps = {steps}: no trained group can be "

@@ -76,6 +76,10 @@ class WindowConfig:
     # batch_prompts with K >= 1 is textbook one-step off-policy: one batch generates while the
     # previous one trains.
     max_inflight_prompts: int = 0
+    # Prompt groups started per weight sync (verl's fully asynchronous trainer: (1 +
+    # staleness_threshold) x batch_prompts), counting those still in flight when the sync
+    # came, finished-but-untrained ones included; 0: no such bound (core/version_window.py)
+    max_started_per_sync: int = 0
     # When new prompt groups are dispatched: "batch": whole training batches, at step
     # boundaries; "stream": as soon as the window has room (a group collected, a step taken),
     # as DORA tops up its rollout batch (AReaL streams the same way).
@@ -95,4 +99,5 @@ class WindowConfig:
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.max_staleness", self.max_staleness, 0)
         check_range(f"{prefix}.max_inflight_prompts", self.max_inflight_prompts, 0)
+        check_range(f"{prefix}.max_started_per_sync", self.max_started_per_sync, 0)
         check_choice(f"{prefix}.refill", self.refill, REFILLS)

@@ -19,6 +19,7 @@ import torch
 from ..protocol import TrainBatch
 from .config import AlgorithmConfig
 from .losses import PolicyLoss, make_policy_loss
+from .update_passes import OLD, PROXIMAL, REFERENCE, forward_passes
 
 Gradients = dict[str, torch.Tensor]
 # The joined replicas' part of a step (elastic pool): their summed gradients (HF names) and
@@ -66,11 +67,15 @@ class PolicyUpdate:
                                      dual_clip=algorithm.dual_clip)
         self.decoupled = algorithm.decoupled
         self.mini_batches = mini_batches
+        # which log-prob passes run besides the optimizer steps: decided in update_passes.py,
+        # which the simulator's cost of a step reads too
+        self.passes = forward_passes(algorithm, mini_batches)
+        self._proximal_passes = {p.mini_batch for p in self.passes if p.role == PROXIMAL}
 
     @property
     def needs_reference(self) -> bool:
         """Whether `__call__` needs a KL reference engine (the initial policy)."""
-        return self.loss.kl_coef > 0
+        return any(p.role == REFERENCE for p in self.passes)
 
     def __call__(self, batch: TrainBatch, engine: TrainingEngine,
                  reference: TrainingEngine | None = None, *,
@@ -83,7 +88,7 @@ class PolicyUpdate:
         if reference is not None:
             batch.ref_logprobs = reference.compute_logprobs(batch)
         chunks = self.mini_batches
-        if chunks == 1 and not self.decoupled:
+        if not any(p.role == OLD for p in self.passes):
             # One pass: the update's own forward gives the pre-update log-probs (measured:
             # the separate pass was ~1/4 of a step's training time on the default run).
             current = torch.zeros(batch.input_ids.shape)
@@ -100,8 +105,8 @@ class PolicyUpdate:
             part = batch.select(rows)
             if self.decoupled:
                 # The proximal policy is the weights at the start of this optimizer step.
-                part.prox_logprobs = (current[rows] if index == 0
-                                      else engine.compute_logprobs(part))
+                part.prox_logprobs = (engine.compute_logprobs(part)
+                                      if index in self._proximal_passes else current[rows])
             step = engine.train_step(part, self.loss, extra_tokens=replica_tokens,
                                      external_grads=_noting(replicas, metrics))
             # means over the mini-batches; a count (skipped_updates) adds up

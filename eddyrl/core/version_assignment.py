@@ -266,8 +266,10 @@ class VersionAssignment:
             candidates = [w for w in range(self.num_workers) if self.available[w]]
             free = [w for w in candidates if not self._legacy_waiting(w)]
             candidates = free or candidates
+        pending = self.pending  # read once: a property of the request table, and this is
+        # asked for every worker on every dispatch (the simulator's hot path at scale)
         return min(candidates, key=lambda w: (
-            sum(self.pending[w].values())
+            sum(pending[w].values())
             + (0 if self.can_run_now(w, version) else self.slots_per_worker), w))
 
     def legacy_room(self) -> list[tuple[int, int, int]]:

@@ -29,6 +29,20 @@ K >= 1 is asynchronous / multi-version rollout. A mode is a value of K, not a co
 A worker failure hands its group back (`requeue`): the slot is freed and the group is dispatched
 again later, at the then-current version, so the bound still holds.
 
+How much may be in flight is bounded in one of the ways the published systems define it:
+
+- K (`max_staleness`) bounds the versions between a group's dispatch and its training (DORA's
+  constraint C3). The deadline rule above is AReaL's `max_head_offpolicyness` = K: its staleness
+  manager admits while (K + version + 1)·B > accepted + running (areal/core/staleness_manager.py).
+- `max_concurrent` bounds the groups generating at once (DORA's rollout batch size, AReaL's
+  `max_concurrent_rollouts`): a group stops counting once collected.
+- `max_started_per_sync` is verl's: its fully asynchronous rollouter starts at most
+  (1 + staleness_threshold)·B samples per parameter sync, and a sync resets the count to the
+  samples still in flight, running, interrupted or finished but not yet trained
+  (recipe/fully_async_policy/fully_async_rollouter.py, `staleness_samples`); here a sync is a
+  version. 0 leaves it out.
+The three apply together (the least room wins); a system is reproduced by setting the ones it has.
+
 Sans-IO: no clock, no threads. Every answer is a function of the calls made so far, so the
 runtime and the simulator can drive the same object.
 """
@@ -49,19 +63,28 @@ class StalenessError(VersionWindowError):
 
 
 class VersionWindow:
-    def __init__(self, max_staleness: int, batch_groups: int, max_concurrent: int) -> None:
+    def __init__(self, max_staleness: int, batch_groups: int, max_concurrent: int,
+                 max_started_per_sync: int = 0) -> None:
         check_range("max_staleness", max_staleness, 0)
         check_range("batch_groups", batch_groups, 1)
         check_range("max_concurrent", max_concurrent, 1)
+        check_range("max_started_per_sync", max_started_per_sync, 0)
         self.max_staleness = max_staleness
         self.batch_groups = batch_groups
         self.max_concurrent = max_concurrent
+        self.max_started_per_sync = max_started_per_sync  # 0: no such bound
+        # groups counted against this version's start budget: those still in flight when it
+        # began (running, or collected and not yet taken) and those dispatched since
+        self.started_this_sync = 0
         self.version = 0  # the trainer's current policy version
         self.accepted = 0  # groups collected, ever (a consumed slot stays consumed)
         self.taken = False  # whether this version's batch has been handed out (until advance)
         # group -> dispatch version, in dispatch order, from dispatch until taken for training
         # (or requeued).
         self._dispatch_version: dict[str, int] = {}
+        # of those, per dispatch version: what capacity and take_batch count (kept, not
+        # recounted, as they are asked at every dispatch and collected group)
+        self._untaken_per_version: Counter[int] = Counter()
         self._running: set[str] = set()
         self._running_per_version: Counter[int] = Counter()
 
@@ -86,7 +109,10 @@ class VersionWindow:
         by_deadline = min((deadline - self.version + steps_from_now) * b
                           - self._untaken_due_by(deadline)
                           for deadline in range(version + k, self.version + k + 1))
-        return max(0, min(self.max_concurrent - self.running, by_deadline))
+        room = min(self.max_concurrent - self.running, by_deadline)
+        if self.max_started_per_sync:
+            room = min(room, self.max_started_per_sync - self.started_this_sync)
+        return max(0, room)
 
     def running_groups(self) -> list[str]:
         """Groups now generating, in dispatch order."""
@@ -140,10 +166,13 @@ class VersionWindow:
                 f"no capacity to dispatch group {group_id!r} at version {version}: running "
                 f"{self.running}/{self.max_concurrent}, accepted {self.accepted}, trainer "
                 f"version {self.version}, max_staleness {self.max_staleness}, batch_groups "
-                f"{self.batch_groups}")
+                f"{self.batch_groups}, started this sync {self.started_this_sync}/"
+                f"{self.max_started_per_sync or 'unbounded'}")
         self._dispatch_version[group_id] = version
+        self._untaken_per_version[version] += 1
         self._running.add(group_id)
         self._running_per_version[version] += 1
+        self.started_this_sync += 1
         return version
 
     def collect(self, group_id: str) -> None:
@@ -155,28 +184,38 @@ class VersionWindow:
         """Its worker died: forget the dispatch so the group can be dispatched again (then at
         the current version: a partial rollout on old weights is not kept, C1)."""
         self._stop_running(group_id, "requeue")
-        del self._dispatch_version[group_id]
+        self._forget(group_id)
+        # its start is given back: dispatching it again counts it again
+        self.started_this_sync = max(0, self.started_this_sync - 1)
 
     def take_batch(self) -> list[str] | None:
         """The next training batch: the B collected groups with the earliest deadlines (oldest
         version first, then dispatch order), or None while fewer than B are collected or while
         taking them would leave a group (running or not) unable to make its deadline."""
         b, k = self.batch_groups, self.max_staleness
-        collected = [g for g in self._dispatch_version if g not in self._running]
-        if len(collected) < b:
+        # collected = dispatched, not running (every running group is dispatched): counted
+        # before listing them, as this is asked at every collected group
+        if len(self._dispatch_version) - len(self._running) < b:
             return None
-        collected.sort(key=self._dispatch_version.__getitem__)  # stable: dispatch order within
-        batch = collected[:b]
-        chosen = set(batch)
-        left = Counter(self._dispatch_version[g] + k for g in self._dispatch_version
-                       if g not in chosen)  # deadline -> groups left behind
+        # the batch is the B oldest collected groups: what each version gives to it, and what
+        # it leaves behind, follow from the counts per version (groups are listed only once
+        # the batch may be taken)
+        left = Counter(self._untaken_per_version)  # dispatch version -> groups left behind
+        need = b
+        for version in sorted(left):
+            chosen = min(need, left[version] - self._running_per_version[version])
+            left[version] -= chosen
+            need -= chosen
         due = 0
-        for j in range(k + 1):
-            due += left.get(self.version + j, 0)
+        for j in range(k + 1):  # left behind and due (dispatch version + K) by step version + j
+            due += left.get(self.version + j - k, 0)
             if due > j * b:
                 return None
+        collected = [g for g in self._dispatch_version if g not in self._running]
+        collected.sort(key=self._dispatch_version.__getitem__)  # stable: dispatch order within
+        batch = collected[:b]
         for group_id in batch:
-            self.check_trainable(self._dispatch_version.pop(group_id))
+            self.check_trainable(self._forget(group_id))
         self.taken = True
         return batch
 
@@ -191,6 +230,9 @@ class VersionWindow:
                 f"would exceed max_staleness = {self.max_staleness}; collect or requeue them")
         self.version += 1
         self.taken = False
+        # verl's reset at a parameter sync: what is still in flight counts against the new
+        # version's budget (dispatched and not yet taken: running, or collected)
+        self.started_this_sync = len(self._dispatch_version)
         return self.version
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -208,13 +250,22 @@ class VersionWindow:
             raise VersionWindowError(f"cannot restore a window with {len(self._dispatch_version)} "
                                      "group(s) dispatched")
         self.version, self.accepted, self.taken = state["version"], state["accepted"], False
+        self.started_this_sync = 0
 
     # -- internals -----------------------------------------------------------------------------
 
     def _untaken_due_by(self, deadline: int) -> int:
         """Groups dispatched and not yet taken (running or collected) due by step `deadline`."""
         last_version = deadline - self.max_staleness
-        return sum(1 for v in self._dispatch_version.values() if v <= last_version)
+        return sum(n for v, n in self._untaken_per_version.items() if v <= last_version)
+
+    def _forget(self, group_id: str) -> int:
+        """The group is no longer dispatched (taken for training, or requeued): its version."""
+        version = self._dispatch_version.pop(group_id)
+        self._untaken_per_version[version] -= 1
+        if not self._untaken_per_version[version]:
+            del self._untaken_per_version[version]
+        return version
 
     def _record(self, group_id: str) -> int:
         try:

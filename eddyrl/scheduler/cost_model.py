@@ -4,18 +4,23 @@ cache to another instance). The adaptive scheduler uses them to split devices be
 and training; simulated engines use them as their clock.
 
 Every estimate is work / (peak rate × efficiency): FLOPs over peak FLOP/s for the compute-bound
-phases (prefill, training, decode at large batch), bytes over HBM bandwidth for the memory-bound
-one (decode at small batch), bytes over a link for transfers. How far real systems fall short of
-the peaks depends on kernels, shapes and overlap; the model keeps that shortfall explicit, one
-named factor per phase in `Efficiency`, rather than hiding it in the peaks. The defaults come
+phases (prefill, training), bytes over HBM bandwidth for the memory-bound ones (the weights and
+KV cache a decode step reads), bytes over a link for transfers. A serving engine's step adds
+what no roofline has: a fixed cost per step and a cost per running sequence (scheduling,
+sampling, output processing) and, with tensor parallelism, two all-reduces per layer
+(`StepOverheads`, fitted to published vLLM decode benchmarks by `rollout_cost.py`). How far
+real systems fall short of the peaks depends on kernels, shapes and overlap; the model keeps
+that shortfall explicit, one named factor per phase in `Efficiency`, rather than hiding it in
+the peaks. The defaults come
 from the datasheet's calibration points (the project's hardware sheet, section 3), and
 `fit_efficiency` refits one factor to measured points, so a calibration is one call that prints
 its residuals.
 
-Left out on purpose: kernel launch latency, TP all-reduces inside a forward pass (absorbed by
-prefill_mfu and decode_bandwidth_efficiency), overlap of the gradient all-reduce with the
-backward pass (the two are added: an upper bound), pipeline parallelism, and the memory capacity
-limit on batch (the caller's KV budget decides the batch).
+A training step is built from its parts in `train_cost.py` (per-rank compute, FSDP collectives
+over measured links, the optimizer, log-prob passes); `train_step_seconds` is its even split.
+
+Left out on purpose: TP all-reduces inside a prefill (absorbed by prefill_mfu), pipeline
+parallelism, and the memory capacity limit on batch (the caller's KV budget decides the batch).
 
 Sans-IO: arithmetic only, no clock.
 """
@@ -30,23 +35,27 @@ from typing import Mapping, Sequence
 from ..errors import ConfigError
 from ..validation import check_choice, check_positive, check_range
 from .hardware import Accelerator, ModelSpec, lookup_accelerator, lookup_model
-
-MOE_TRAIN_MFU = 0.25  # datasheet 3b: MoE trains at 20-30 % MFU (C6-C8)
+from .train_cost import MOE_TRAIN_MFU, TrainCost, TrainLayout, published_train_mfu
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Efficiency:
     """The fraction of a peak each phase reaches, each in (0, 1]."""
 
-    # Assumed: the datasheet has no prefill point. Forward-only large GEMMs run above training's
-    # 35-45 % MFU. Fit it on the first prefill measurements.
+    # Assumed: no published vLLM prefill figure was found (rollout_cost.py). Forward-only large
+    # GEMMs run above training's 35-45 % MFU; this project's H200 kernel-time check of 0.5B/1.5B
+    # models gave 0.36 (bench/results/README.md), a lower bound for large GEMMs. Also the
+    # matmul term of a decode step, where the fit to vLLM's points holds it (rms 3.7 % at 0.5,
+    # 4.8 % at 0.36). Fit it on the first prefill measurements.
     prefill_mfu: float = 0.5
-    # Fitted: fit_efficiency(H100_DECODE_POINTS, "decode_bandwidth_efficiency") gives 0.67 with
-    # residuals within ±16 %. The datasheet's own estimates: 60-78 % (H100), 63-71 % (A100 bs 1).
-    # The same H100 chat runs at batch 64-256 imply 0.34-0.50 (contexts longer than assumed, or
-    # per-step overheads a roofline lacks): refit on large-batch points before relying on them.
-    decode_bandwidth_efficiency: float = 0.67
-    # Datasheet-derived: 3b's suggested default for dense 7-32B models is 35-45 % MFU.
+    # Fitted with VLLM_STEP_OVERHEADS on 43 vLLM H100 decode points, batch 8-474, TP1/TP2
+    # (rollout_cost.fit_step_overheads(VLLM_H100_DECODE_POINTS); datasheet 3a [C1]): the fit
+    # reaches the bound 1.0, i.e. the weights and the KV cache stream at the datasheet's HBM
+    # rate once the per-step costs are counted apart. (The old roofline-only 0.67 was fitted at
+    # batch 8 alone, where 3 ms of step overhead passes for lost bandwidth.)
+    decode_bandwidth_efficiency: float = 1.0
+    # Datasheet-derived: 3b's suggested default for dense 7-32B models is 35-45 % MFU. A
+    # CostModel starts from the figure published for its accelerator (`for_model`).
     train_mfu: float = 0.40
     # Datasheet-derived: measured 8-card all_reduce bus bandwidth over the link's figure [A13]:
     # 89 of 400 GB/s on A800 (0.22), 72 of 196 GB/s on 910B (0.37).
@@ -57,12 +66,47 @@ class Efficiency:
             check_range(factor.name, getattr(self, factor.name), 0, 1, lo_open=True)
 
     @classmethod
-    def for_model(cls, model: ModelSpec) -> Efficiency:
-        """The defaults, with the lower training MFU of a MoE model."""
-        return cls(train_mfu=MOE_TRAIN_MFU) if model.experts else cls()
+    def for_model(cls, model: ModelSpec, accelerator: Accelerator | None = None) -> Efficiency:
+        """The defaults, with the training MFU published for the model's kind (a MoE model
+        trains lower) on `accelerator` (scheduler/train_cost.py DENSE_TRAIN_MFU)."""
+        if accelerator is None:
+            return cls(train_mfu=MOE_TRAIN_MFU) if model.experts else cls()
+        return cls(train_mfu=published_train_mfu(accelerator, model))
 
 
 EFFICIENCY_FACTORS = tuple(factor.name for factor in fields(Efficiency))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepOverheads:
+    """What one step of a serving engine costs beyond its kernels' roofline, in seconds: host
+    work per step (scheduling, input preparation, graph launch, sampling), host and device work
+    per running sequence (its sampler row, detokenisation, output processing), and the latency of
+    each of the two all-reduces per layer a tensor-parallel forward pass does (tp > 1)."""
+
+    step_s: float
+    per_sequence_s: float
+    all_reduce_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("step_s", "per_sequence_s", "all_reduce_s"):
+            check_range(name, getattr(self, name), 0)
+
+
+# A bare roofline: what kernel-time measurements (bench/device_costs.py) are compared with.
+NO_STEP_OVERHEADS = StepOverheads(step_s=0.0, per_sequence_s=0.0, all_reduce_s=0.0)
+# Fitted (least squares on relative error, with decode_bandwidth_efficiency) to the 43 H100
+# vLLM decode points of datasheet 3a [C1] (ml.energy leaderboard: Qwen3-8B/14B/32B, TP1/TP2,
+# batch 8-474, chat and GPQA): rollout_cost.fit_step_overheads(VLLM_H100_DECODE_POINTS) prints
+# them and the residuals (rms 3.7 %, worst 11.5 %). Host-side costs: taken to be the same on
+# any device of this class (no other engine benchmark with batch sweeps was found).
+VLLM_STEP_OVERHEADS = StepOverheads(step_s=3.18e-3, per_sequence_s=18.5e-6,
+                                    all_reduce_s=11.9e-6)
+# vLLM's token budget per engine step (`max_num_batched_tokens`): running sequences' decode
+# tokens first, then prefill chunks in what is left. vllm/engine/arg_utils.py
+# `get_batch_defaults`: 8192 for the API server on >= 70 GiB devices other than A100 (16384 for
+# the offline LLM class; 2048 / 8192 on smaller devices).
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 class CostModel:
@@ -73,16 +117,19 @@ class CostModel:
     model.kv_bytes_per_token, peak and BW the device's FLOP/s and HBM B/s."""
 
     def __init__(self, accelerator: Accelerator | str, model: ModelSpec | str,
-                 efficiency: Efficiency | None = None, dtype_bytes: int = 2, tp: int = 1) -> None:
+                 efficiency: Efficiency | None = None, dtype_bytes: int = 2, tp: int = 1,
+                 overheads: StepOverheads | None = None) -> None:
+        """`overheads`: the engine's per-step costs (default: vLLM's, VLLM_STEP_OVERHEADS)."""
         check_range("dtype_bytes", dtype_bytes, 1)
         check_range("tp", tp, 1)
         self.accelerator = (lookup_accelerator(accelerator) if isinstance(accelerator, str)
                             else accelerator)
         self.model = lookup_model(model) if isinstance(model, str) else model
         self.efficiency = (efficiency if efficiency is not None
-                           else Efficiency.for_model(self.model))
+                           else Efficiency.for_model(self.model, self.accelerator))
         self.dtype_bytes = dtype_bytes
         self.tp = tp
+        self.overheads = overheads if overheads is not None else VLLM_STEP_OVERHEADS
 
     @property
     def weights_bytes(self) -> int:
@@ -133,12 +180,96 @@ class CostModel:
                          + self.model.attention_flops_per_context_token * mean_context)
         return flops / (self.accelerator.peak_flops * self.efficiency.prefill_mfu * self.tp)
 
-    def decode_step_seconds(self, batch: int, mean_context: float) -> float:
-        """One decode step of `batch` sequences holding `mean_context` tokens each on average:
-        the larger of the memory and the compute term (roofline). With efficiencies of 1 and no
-        context, the two meet at batch = dtype_bytes/2 · ridge point for a dense model."""
+    def decode_roofline_seconds(self, batch: int, mean_context: float) -> float:
+        """A decode step's kernels alone, as a roofline: the larger of the memory and the compute
+        term. With efficiencies of 1 and no context, the two meet at batch = dtype_bytes/2 ·
+        ridge point for a dense model."""
         return max(self.decode_memory_seconds(batch, mean_context),
                    self.decode_compute_seconds(batch, mean_context))
+
+    def decode_step_seconds(self, batch: int, mean_context: float) -> float:
+        """One engine step decoding `batch` sequences of `mean_context` tokens on average (see
+        `engine_step_seconds`)."""
+        check_range("batch", batch, 1)
+        return self.engine_step_seconds(batch, mean_context)
+
+    def engine_step_seconds(self, batch: int, mean_context: float, prefill_tokens: int = 0,
+                            prefill_context: float = 0, prefill_sequences: int = 0) -> float:
+        """One step of a continuous-batching engine: `batch` sequences decode a token each
+        (`mean_context` tokens of KV on average) while `prefill_tokens` prompt tokens of
+        `prefill_sequences` sequences are prefilled in the same forward pass (vLLM's chunked
+        prefill), after `prefill_context` cached tokens on average. With n = batch +
+        prefill_tokens tokens in the pass and o the engine's StepOverheads:
+
+            weights  = params_read(n)·dtype/tp / (BW · decode_bandwidth_efficiency)
+            matmuls  = n·2·P / (peak · prefill_mfu · tp)
+            kv       = b·ctx·KV/min(tp, kv_heads) / (BW · decode_bandwidth_efficiency)
+            prefill  = A·(p·c_p + p·(p + 1)/2 per sequence) / (peak · prefill_mfu · tp)
+            all-red. = 2·layers·(o.all_reduce_s + 2·(tp-1)/tp·n·hidden·dtype
+                                 / (NVLink · comm_efficiency))          (tp > 1)
+            seconds  = o.step_s + (b + sequences)·o.per_sequence_s + weights + matmuls + kv
+                       + prefill + all-reduces
+
+        Weights and matmuls are added, not maxed: at the batches engines run (8-512) a GEMM
+        is neither bandwidth- nor compute-bound, and the sum follows vLLM's measured step times
+        (rollout_cost.py: rms 3.7 % over 43 points, against 7.4 % for the max). Decode
+        attention is its KV read: it does H/kv_heads FLOPs per KV byte, far below any ridge
+        point."""
+        check_range("batch", batch, 0)
+        check_range("mean_context", mean_context, 0)
+        check_range("prefill_tokens", prefill_tokens, 0)
+        check_range("prefill_context", prefill_context, 0)
+        check_range("prefill_sequences", prefill_sequences, 0)
+        tokens = batch + prefill_tokens
+        if tokens == 0:
+            return 0.0
+        model, accelerator, eff = self.model, self.accelerator, self.efficiency
+        bandwidth = accelerator.hbm_bandwidth * eff.decode_bandwidth_efficiency
+        compute = accelerator.peak_flops * eff.prefill_mfu * self.tp
+        weights = model.params_read(tokens) * self.dtype_bytes / self.tp / bandwidth
+        matmuls = tokens * 2 * model.matmul_params / compute
+        kv = (batch * mean_context * model.kv_bytes_per_token(self.dtype_bytes)
+              / min(self.tp, model.kv_heads) / bandwidth)
+        per_sequence = max(prefill_sequences, 1 if prefill_tokens else 0)
+        chunk = prefill_tokens / per_sequence if per_sequence else 0
+        attended = prefill_tokens * prefill_context + per_sequence * chunk * (chunk + 1) / 2
+        prefill = model.attention_flops_per_context_token * attended / compute
+        overheads = self.overheads
+        return (overheads.step_s + (batch + per_sequence) * overheads.per_sequence_s
+                + weights + matmuls + kv + prefill + self.tp_all_reduce_seconds(tokens))
+
+    def chunked_prefill_seconds(self, contexts: Sequence[int], budget: int) -> tuple[int, float]:
+        """(steps, seconds) to prefill sequences of `contexts` tokens from nothing through an
+        engine's token budget of `budget` tokens per step (vLLM's max_num_batched_tokens), in
+        order, nothing else in the batch: steps = ceil(sum / budget), each a full engine step
+        (fixed costs, weights, all-reduces) over its chunk, and a causal prefill's attention
+        FLOPs, A·L·(L + 1)/2 per sequence, whatever the chunking."""
+        check_range("budget", budget, 1)
+        total = sum(contexts)
+        if total == 0:
+            return 0, 0.0
+        steps = math.ceil(total / budget)
+        seconds = sum(self.engine_step_seconds(0, 0, min(budget, total - step * budget))
+                      for step in range(steps))
+        # engine_step_seconds counted each chunk's attention as a sequence of its own; a
+        # sequence's later chunks attend to its earlier ones as well
+        chunk_attention = sum(min(budget, total - step * budget) ** 2 for step in range(steps))
+        exact = sum(length * length for length in contexts)
+        compute = self.accelerator.peak_flops * self.efficiency.prefill_mfu * self.tp
+        seconds += self.model.attention_flops_per_context_token * (exact - chunk_attention) / (
+            2 * compute)
+        # a step holds one sequence per chunk boundary it crosses: N + steps - 1 in all
+        seconds += (len([c for c in contexts if c]) - 1) * self.overheads.per_sequence_s
+        return steps, seconds
+
+    def tp_all_reduce_seconds(self, tokens: int) -> float:
+        """The two all-reduces per layer of a tensor-parallel forward pass over `tokens` tokens
+        (attention output and MLP output, hidden·dtype bytes per token each), in the node."""
+        if self.tp == 1:
+            return 0.0
+        ring_bytes = 2 * (self.tp - 1) / self.tp * tokens * self.model.hidden * self.dtype_bytes
+        link = self.accelerator.intra_node_bandwidth * self.efficiency.comm_efficiency
+        return 2 * self.model.layers * (self.overheads.all_reduce_s + ring_bytes / link)
 
     def decode_tokens_per_second(self, batch: int, mean_context: float) -> float:
         """Aggregate output tokens/s: one token per sequence per step."""
@@ -148,28 +279,17 @@ class CostModel:
 
     def train_step_seconds(self, tokens: int, dp: int = 1, sequence_length: int = 0) -> float:
         """One optimizer step over `tokens` tokens (all dp ranks together) on dp·tp devices,
-        sequences of `sequence_length` (0: leave attention out). Backward costs twice forward;
-        a causal sequence of length s attends to s/2 tokens on average:
-
-            compute    = 3·(2·P + A·s/2)·tokens / (peak · train_mfu · dp · tp)
-            all-reduce = 2·(dp - 1)/dp · weights_bytes/tp / (link · comm_efficiency)
-
-        The ring all-reduce runs over NVLink/HCCS while dp·tp devices fit in one node, else over
-        the NIC. Gradients are reduced in dtype_bytes and not overlapped with compute."""
-        check_range("tokens", tokens, 0)
+        tensor parallel over tp, sequences of `sequence_length` (0: leave attention out),
+        split evenly over the ranks: scheduler/train_cost.py `TrainCost.uniform_step` (compute
+        at train_mfu and the tensor-parallel all-reduces, FSDP's all-gathers and gradient
+        reduce-scatter over the measured links, overlapped but for one layer's, and the AdamW
+        step). A simulated step over real
+        sequence lengths, with its imbalance and log-prob passes: sim/trainer.py."""
         check_range("dp", dp, 1)
-        check_range("sequence_length", sequence_length, 0)
-        devices = dp * self.tp
-        flops_per_token = 3 * (2 * self.model.matmul_params
-                               + self.model.attention_flops_per_context_token
-                               * sequence_length / 2)
-        compute = (flops_per_token * tokens
-                   / (self.accelerator.peak_flops * self.efficiency.train_mfu * devices))
-        in_node = devices <= self.accelerator.devices_per_node
-        link = (self.accelerator.intra_node_bandwidth if in_node
-                else self.accelerator.inter_node_bandwidth)
-        all_reduce_bytes = 2 * (dp - 1) / dp * self.weights_bytes / self.tp
-        return compute + all_reduce_bytes / (link * self.efficiency.comm_efficiency)
+        layout = TrainLayout(dp=dp, tp=self.tp, tp_splits_weights=True,
+                             param_bytes=self.dtype_bytes)
+        cost = TrainCost(self.accelerator, self.model, layout, self.efficiency.train_mfu)
+        return cost.uniform_step(tokens, sequence_length).total_s
 
     # -- moving state --------------------------------------------------------------------------
 
@@ -223,6 +343,7 @@ class Measurement:
     seconds: float
     tp: int = 1
     source: str = ""
+    overheads: StepOverheads | None = None  # the engine's (None: CostModel's default)
 
     def __post_init__(self) -> None:
         check_choice("quantity", self.quantity, FITTABLE_QUANTITIES)
@@ -231,15 +352,18 @@ class Measurement:
     @classmethod
     def decode(cls, accelerator: Accelerator | str, model: ModelSpec | str, *, batch: int,
                mean_context: float, tokens_per_second: float, tp: int = 1,
-               source: str = "") -> Measurement:
+               source: str = "", overheads: StepOverheads | None = None) -> Measurement:
         """A decode point as benchmarks report one: aggregate output tokens/s at a batch size."""
         check_positive("tokens_per_second", tokens_per_second)
         return cls(accelerator=accelerator, model=model, quantity="decode_step_seconds",
                    arguments={"batch": batch, "mean_context": mean_context},
-                   seconds=batch / tokens_per_second, tp=tp, source=source)
+                   seconds=batch / tokens_per_second, tp=tp, source=source,
+                   overheads=overheads)
 
-    def predict(self, efficiency: Efficiency) -> float:
-        cost_model = CostModel(self.accelerator, self.model, efficiency, tp=self.tp)
+    def predict(self, efficiency: Efficiency,
+                overheads: StepOverheads | None = None) -> float:
+        cost_model = CostModel(self.accelerator, self.model, efficiency, tp=self.tp,
+                               overheads=overheads or self.overheads)
         return getattr(cost_model, self.quantity)(**self.arguments)
 
     def describe(self) -> str:

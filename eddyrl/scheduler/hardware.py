@@ -261,6 +261,15 @@ def _qwen_config(model_type: str, layers: int, hidden: int, intermediate: int, h
 _QWEN_CONFIG_ROWS: dict[str, tuple[Any, ...]] = {
     "Qwen2.5-7B": ("qwen2", 28, 3584, 18944, 28, 4, 152064, False),
     "Qwen2.5-32B": ("qwen2", 64, 5120, 27648, 40, 8, 152064, False),
+    # Qwen2.5-Math-7B: the Qwen2.5-7B shape (28 layers, 3584 / 18944, 28/4 heads, 152064 vocab,
+    # untied) ~ (a verl checkpoint of it: huggingface.co/tmpmodelsave/iter_dpo_math_prompt50
+    # config.json); it differs in max_position_embeddings 4096 (QwenLM/Qwen2.5-Math issue 59),
+    # which verl's fully-async recipe raises to 32768, and rope_theta, neither a cost
+    "Qwen2.5-Math-7B": ("qwen2", 28, 3584, 18944, 28, 4, 152064, False),
+    # DeepSeek-R1-Distill-Qwen-1.5B (AReaL's math runs): its config.json as copies of it carry
+    # it (_name_or_path deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B, e.g.
+    # huggingface.co/rohinm/model config.json) ~
+    "DeepSeek-R1-Distill-Qwen-1.5B": ("qwen2", 28, 1536, 8960, 12, 2, 151936, False),
     "Qwen3-1.7B": ("qwen3", 28, 2048, 6144, 16, 8, 151936, True),
     "Qwen3-4B": ("qwen3", 36, 2560, 9728, 32, 8, 151936, True),
     "Qwen3-8B": ("qwen3", 36, 4096, 12288, 32, 8, 151936, False),

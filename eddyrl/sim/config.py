@@ -15,6 +15,9 @@ from ..validation import check_range, contradiction
 
 WeightLink = Literal["inter_node", "intra_node", "host"]
 SimMigration = Literal["recompute", "carry_kv"]
+# whose definition of the in-flight bound the asynchronous policies run (`partial`: eddy's or
+# verl's; `async`: eddy's or AReaL's): eddyrl/sim/policies.py, docs/simulator.md
+Reproduces = Literal["eddy", "verl", "areal"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,6 +26,11 @@ class SimRoleConfig:
     devices: int = 8
     tp: int = 1  # devices per engine instance (rollout) or per data-parallel group (train)
     max_batch_size: int = 256  # rollout only: sequences one instance decodes together
+    # train only: devices the FSDP shard group spans (verl's fsdp_size); 0: all of them
+    fsdp_size: int = 0
+    # train only: the old log-probs come from the rollout engine (verl's fully asynchronous
+    # use_rollout_log_probs), so the trainer runs no pre-update log-prob pass
+    rollout_logprobs: bool = False
 
     def validate(self, prefix: str) -> None:
         from ..scheduler.hardware import lookup_accelerator
@@ -34,6 +42,10 @@ class SimRoleConfig:
         if self.devices % self.tp:
             raise contradiction(f"{prefix}.devices = {self.devices} is not a multiple of "
                                 f"{prefix}.tp = {self.tp}")
+        check_range(f"{prefix}.fsdp_size", self.fsdp_size, 0)
+        if self.fsdp_size and self.devices % self.fsdp_size:
+            raise contradiction(f"{prefix}.devices = {self.devices} is not a multiple of "
+                                f"{prefix}.fsdp_size = {self.fsdp_size}")
 
     @property
     def groups(self) -> int:
@@ -68,6 +80,15 @@ class SimConfig:
     migration: SimMigration = "recompute"
     # the cost model's efficiency factors where a scenario is calibrated (None: the default)
     efficiency: SimEfficiency = field(default_factory=lambda: SimEfficiency())
+    # the system whose in-flight bound the asynchronous policies reproduce (sim/policies.py):
+    # "eddy": `partial` bounds the groups generating at once to (1 + staleness_threshold)
+    # batches; "verl": `partial` bounds, as verl's fully asynchronous trainer does, the groups
+    # started per weight sync to that many (those carried over counted) and the groups
+    # generating to 16 per rollout server; "areal": `async` takes the scenario's own K
+    # (max_head_offpolicyness) and window.max_inflight_prompts (max_concurrent_rollouts)
+    reproduces: Reproduces = "eddy"
+    # how far the rollout runs ahead, in batches (verl's async_training.staleness_threshold)
+    staleness_threshold: float = 0.5
 
     def validate(self, prefix: str) -> None:
         from ..scheduler.hardware import lookup_model
@@ -81,6 +102,8 @@ class SimConfig:
         check_range(f"{prefix}.host_link_bandwidth", self.host_link_bandwidth, 0, lo_open=True)
         check_range(f"{prefix}.move_setup_s", self.move_setup_s, 0)
         check_choice(f"{prefix}.migration", self.migration, get_args(SimMigration))
+        check_choice(f"{prefix}.reproduces", self.reproduces, get_args(Reproduces))
+        check_range(f"{prefix}.staleness_threshold", self.staleness_threshold, 0)
         self.efficiency_factors()  # out-of-range values are named
 
     def efficiency_factors(self):

@@ -10,8 +10,7 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
   recompute preemption does);
 - the **inference-engine contract** of `hf`: versions (a request joins the hosted version, waits
   for staged weights, or is refused), delayed weight updates (staged while requests run, applied
-  once they drain; with partial rollout at the next step, running sequences then re-prefilling
-  their context under the new weights, as `vllm` does), abort with partial output, progress
+  once they drain; with partial rollout at the next step), abort with partial output, progress
   notes at `report_at` lengths. The version rules are the gate's (engines/inference/versions.py),
   asked for each sequence as it would enter the batch; a sequence holds the hosted version from
   its first admission to its final result, preempted or waiting for a tool included;
@@ -22,7 +21,16 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
   out, the lowest-ranked holder gives it up: a running sequence is preempted, an idle one
   (waiting for its tool, or queued after it) loses its cached prefix; either re-prefills its
   whole context when admitted again (vLLM's prefix cache would evict least recently used
-  blocks instead of ranks, and keep no cache pinned).
+  blocks instead of ranks, and keep no cache pinned);
+- the **weight update as a pause**, in the order Eddy's `vllm` engine takes it
+  (scheduler/rollout_cost.py `WeightUpdate`): the weights arrive while decoding goes on (the
+  runtime's transfer), then between two steps the engine stops (partial rollout: every running
+  sequence is interrupted; otherwise the old version has drained), loads them and resets its
+  prefix cache (`update.pause_s`: nothing decodes), and every interrupted sequence is
+  prefilled again through the engine's token budget, `update.token_budget` tokens per step
+  (CostModel.chunked_prefill_seconds), before it decodes on. Simplified: sequences whose
+  chunks are done wait for the last chunk instead of decoding beside it, and a first prefill
+  (short prompts in RL) is still one step of its own.
 
 Events, not tokens: the batch changes only when a sequence finishes, reaches a progress
 length or a tool call, the KV cache fills, or something arrives (a request, an abort, weights,
@@ -44,12 +52,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import heapq
 import itertools
 import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Sequence
 
 from ..scheduler.cost_model import CostModel
+from ..scheduler.rollout_cost import WeightUpdate
 from ..engines.inference.base import InferenceEngine
 from ..engines.inference.versions import Admission, VersionGate
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
@@ -66,14 +76,18 @@ class SimInferenceEngine(InferenceEngine):
                  partial_rollout: bool = False,
                  trace: Callable[[str, float, float, dict], None] | None = None,
                  episode_of: Callable[[GenerationRequest], Sequence[ToolCall]] | None = None,
-                 carry_kv: bool = False) -> None:
+                 carry_kv: bool = False, update: WeightUpdate | None = None) -> None:
         """`trace(name, start_s, seconds, args)`, if given, receives every busy interval
         (prefill, decode) for a timeline. `episode_of(request)`, if given, gives a request's
         tool calls (single-turn without it). `carry_kv`: a request that arrives with tokens
         generated elsewhere (a migration) brings its KV cache over the instances' network link
         instead of re-prefilling it (DORA: caches of one version are interchangeable); the
-        transfer takes this engine's time at admission."""
+        transfer takes this engine's time at admission. `update`: how it takes new weights
+        (default: no load time, the default token budget)."""
         self.cost = cost
+        # prefills repeat their arguments (RL prompts share a length; a tool's answer after the
+        # same context): priced once each. The cost model is immutable (frozen parts).
+        self._prefill_seconds = functools.lru_cache(maxsize=4096)(cost.prefill_seconds)
         self.length_of = length_of
         self.correct_of = correct_of
         self.max_batch_size = max_batch_size
@@ -81,6 +95,10 @@ class SimInferenceEngine(InferenceEngine):
         self.trace = trace
         self.episode_of = episode_of
         self.carry_kv = carry_kv
+        self.update = update if update is not None else WeightUpdate(load_s=0.0)
+        self._interrupted: set[SimSequence] = set()  # by a weight update: re-prefill in chunks
+        self._pause_s = 0.0  # a weight load due before the next step
+        self.update_pauses = 0  # weight loads taken
         # versions: hosted, staged, and the sequences that hold the hosted one (`seq.hosted`)
         self._gate = VersionGate(version, partial_rollout=partial_rollout)
         self._waiting: list[SimSequence] = []  # by rank: priority, then arrival
@@ -97,6 +115,7 @@ class SimInferenceEngine(InferenceEngine):
         self._context_base = 0  # sum over running of (prompt + tokens at step 0 of the offset)
         self._aborted: set[str] = set()
         self._interrupt = asyncio.Event()
+        self._decoding: asyncio.Future | None = None  # resolved by an interrupt (`_decode_for`)
         self._server: asyncio.Task | None = None
         self._tokens = 0
         self._busy = 0.0
@@ -164,10 +183,21 @@ class SimInferenceEngine(InferenceEngine):
         self._wake_server()
 
     async def load_weights(self, version: int, buckets=(), *, hold: bool = False) -> None:
-        """Weights are a version number here; their transfer time is the runtime's."""
+        """Weights are a version number here; their transfer time is the runtime's. Idle, it
+        applies them at once and the caller waits for the load; busy (partial rollout), at its
+        next step boundary."""
         if self._gate.stage(version, hold=hold):
             self._apply_staged()  # idle: at once
-        self._wake_server()  # partial rollout: at the next step boundary
+            await self._load_pause()
+        self._wake_server()
+
+    async def pause_for(self, seconds: float) -> None:
+        """Stop at the next step boundary for `seconds`: a system that pauses its rollout
+        while the weights cross (verl's fully asynchronous trainer: its fully_async.md doc,
+        "PartialRollout", volcengine/verl), where Eddy's engine goes on decoding into a staging
+        copy."""
+        self._pause_s += seconds
+        self._wake_server()
 
     async def sleep(self) -> None:
         self._sleeping = True
@@ -195,6 +225,8 @@ class SimInferenceEngine(InferenceEngine):
     # ---- serving ----------------------------------------------------------------------------
     def _wake_server(self) -> None:
         self._interrupt.set()
+        if self._decoding is not None and not self._decoding.done():
+            self._decoding.set_result(True)
         if self._server is None or self._server.done():
             self._server = asyncio.ensure_future(self._serve())
 
@@ -204,10 +236,15 @@ class SimInferenceEngine(InferenceEngine):
                 self._interrupt.clear()
                 if self._gate.due():  # partial rollout: the step under way has completed
                     self._apply_staged()
+                await self._load_pause()
+                if self._gate.due():  # staged while it paused to receive them
+                    self._apply_staged()
+                    await self._load_pause()
                 self._settle_aborts()
                 if not (self._running or self._waiting):
                     return  # a tool's answer wakes it again
-                await self._admit()
+                if self._waiting:  # (most turns, after a sequence ends, have none to admit)
+                    await self._admit()
                 if self._running:
                     await self._decode()
                 elif self._waiting and not self._interrupt.is_set():
@@ -225,7 +262,8 @@ class SimInferenceEngine(InferenceEngine):
         if self._gate.can_switch() and any(
                 self._admission(seq) is Admission.WAIT for seq in self._waiting):
             self._apply_staged()
-        prefill, kept = 0.0, []
+            await self._load_pause()
+        prefill, kept, contexts = 0.0, [], []
         for index, seq in enumerate(self._waiting):
             admission = self._admission(seq)
             if admission is Admission.REFUSE:
@@ -243,7 +281,11 @@ class SimInferenceEngine(InferenceEngine):
                     self._context(seq) - seq.cached + len(self._running) + 1, seq.rank):
                 kept.extend(self._waiting[index:])
                 break
-            prefill += self.cost.prefill_seconds(self._context(seq) - seq.cached, seq.cached)
+            if seq in self._interrupted:  # its context goes through the token budget below
+                self._interrupted.discard(seq)
+                contexts.append(self._context(seq))
+            else:
+                prefill += self._prefill_seconds(self._context(seq) - seq.cached, seq.cached)
             if seq.carried:  # a migrated cache lands before the sequence runs
                 prefill += self.cost.kv_transfer_seconds(
                     seq.carried, self.cost.accelerator.inter_node_bandwidth)
@@ -251,11 +293,35 @@ class SimInferenceEngine(InferenceEngine):
             self._start(seq)
         self._waiting = kept
         if prefill:
-            self._busy += prefill
-            if self.trace is not None:
-                self.trace("prefill", asyncio.get_running_loop().time(), prefill,
-                           {"running": len(self._running), "version": self._gate.hosted})
-            await asyncio.sleep(prefill)
+            self._prefilled("prefill", prefill, {})
+        reprefill = 0.0
+        if contexts:  # after a weight update (partial rollout) only
+            steps, reprefill = self.cost.chunked_prefill_seconds(contexts,
+                                                                 self.update.token_budget)
+            if reprefill:
+                self._prefilled("re-prefill", reprefill, {
+                    "sequences": len(contexts), "tokens": sum(contexts), "steps": steps})
+        if prefill + reprefill:
+            await asyncio.sleep(prefill + reprefill)
+
+    def _prefilled(self, name: str, seconds: float, args: dict) -> None:
+        self._busy += seconds
+        if self.trace is not None:
+            self.trace(name, asyncio.get_running_loop().time(), seconds,
+                       {"running": len(self._running), "version": self._gate.hosted, **args})
+
+    async def _load_pause(self) -> None:
+        """New weights applied: the engine copies them into place and resets its prefix cache
+        before its next step (or it pauses to receive them: `pause_for`); nothing decodes
+        meanwhile."""
+        if not self._pause_s:
+            return
+        seconds, self._pause_s = self._pause_s, 0.0
+        self._busy += seconds
+        if self.trace is not None:
+            self.trace("weight update", asyncio.get_running_loop().time(), seconds,
+                       {"version": self._gate.hosted})
+        await asyncio.sleep(seconds)
 
     def _start(self, seq: SimSequence) -> None:
         sid = next(self._ids)
@@ -292,16 +358,31 @@ class SimInferenceEngine(InferenceEngine):
         step_s = self.cost.decode_step_seconds(batch, mean_context)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        try:
-            await asyncio.wait_for(self._interrupt.wait(), steps * step_s)
+        if await self._decode_for(steps * step_s):
             done = min(steps, math.floor((loop.time() - began) / step_s) + 1)
             await asyncio.sleep(began + done * step_s - loop.time())  # the step under way
-        except asyncio.TimeoutError:
+        else:
             done = steps
         if self.trace is not None:
             self.trace("decode", began, done * step_s,
                        {"batch": batch, "steps": done, "version": self._gate.hosted})
         self._advance(done, batch, step_s)
+
+    async def _decode_for(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if something arrives (`_wake_server`): whether it did.
+        `asyncio.wait_for(self._interrupt.wait(), seconds)` with one future and one timer:
+        wait_for wraps the wait in a task and cancels it at the timeout, several turns of the
+        loop each time, and this is the wait of every decode interval of every engine."""
+        if self._interrupt.is_set():
+            return True
+        loop = asyncio.get_running_loop()
+        self._decoding = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, self._decoding, False)
+        try:
+            return await self._decoding
+        finally:
+            timer.cancel()
+            self._decoding = None
 
     def _advance(self, steps: int, batch: int, step_s: float) -> None:
         self._step += steps
@@ -332,6 +413,7 @@ class SimInferenceEngine(InferenceEngine):
                 self._finish(seq, "abort")
         for seq in [s for s in self._waiting if s.request.request_id in self._aborted]:
             self._waiting.remove(seq)
+            self._interrupted.discard(seq)
             self._finish(seq, "abort")
         for seq in [s for s in self._tools if s.request.request_id in self._aborted]:
             self._tools.cancel(seq)
@@ -425,12 +507,15 @@ class SimInferenceEngine(InferenceEngine):
 
     def _apply_staged(self) -> None:
         self._gate.apply()
+        self._pause_s += self.update.pause_s
+        self.update_pauses += 1
         # partial rollout: running sequences go on under the new weights, but their KV cache
         # came from the old ones, so they re-prefill their context first, as the `vllm` engine
         # does (it aborts them, resets its prefix cache and resumes them); idle caches go too
         for sid in list(self._running):
             seq = self._stop(sid)
             self._release(seq)  # held again when it re-enters the batch
+            self._interrupted.add(seq)
             self._queue(seq)
         for seq in self._idle_holders():
             self._drop_cache(seq, preempted=False)
@@ -468,3 +553,8 @@ class SimInferenceEngine(InferenceEngine):
     def _result(self, seq: SimSequence, reason: str) -> GenerationResult:
         running = self._running.get(seq.order) is seq
         return seq.result(self._step - seq.offset if running else seq.tokens, reason)
+
+
+def _resolve(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -7,8 +7,12 @@ cluster and workload (`SCENARIO_HOOKS` in the registry says what each sets; this
 computes them).
 
 - colocated_devices: both roles get all of the scenario's devices, in turns.
-- partial_window: the scenario's K (at least 1) and half a batch ahead (verl's partial
-  rollout; the recipe is Meituan's, as is DORA, whose paper compares against partial rollout).
+- partial_window: the scenario's K (at least 1) and `sim.staleness_threshold` of a batch ahead
+  (verl's partial rollout; the recipe is Meituan's, as is DORA, whose paper compares against
+  partial rollout), bounded as the system the scenario reproduces bounds it
+  (`sim.reproduces`, `_partial_window`).
+- areal_window: on a scenario that reproduces AReaL, its own K and groups in flight
+  (max_head_offpolicyness, max_concurrent_rollouts) for `async`.
 - scenario_workers: the scenario's rollout workers, one per instance.
 - bucket_layout (bucket_layout_unsized): Libra's buckets over the scenario's rollout devices,
   sized by the decode work its length distribution puts in each (`_bucket`).
@@ -92,10 +96,10 @@ def _colocated(config: EddyConfig) -> list[str]:
     return [f"sim.rollout.devices={devices}", f"sim.train.devices={devices}"]
 
 
-# verl's staleness_threshold for its partial-rollout mode: the rollout may run this fraction of
-# a training batch ahead (0.5: the largest of the values its documentation measures, 0.1, 0.3
-# and 0.5, and the fastest there)
-PARTIAL_AHEAD = 0.5
+# verl's fully asynchronous rollouter lets at most 16 samples (prompts) per rollout server
+# generate at once (recipe/fully_async_policy/fully_async_rollouter.py, set_max_required_samples:
+# max_concurrent_samples = len(server_handles) * 16, at most the samples started per sync)
+VERL_PROMPTS_PER_SERVER = 16
 
 
 def _ahead(config: EddyConfig, fraction: float) -> int:
@@ -104,10 +108,38 @@ def _ahead(config: EddyConfig, fraction: float) -> int:
 
 
 def _partial_window(config: EddyConfig) -> list[str]:
-    """verl's partial rollout: the scenario's K bounds how many versions a trajectory may span
-    (verl sets no such bound; at least 1, to overlap at all), half a batch ahead."""
+    """Partial rollout, `sim.staleness_threshold` of a batch ahead, as the system the scenario
+    reproduces bounds it (`sim.reproduces`):
+
+    - eddy: that many groups generating at once (`window.max_inflight_prompts`);
+    - verl: that many groups started per weight sync, those still in flight at the sync
+      counted (`window.max_started_per_sync`, verl's rollout_num), and 16 prompts generating
+      per rollout server; and verl's loss: PPO clipped against the log-probs the rollout
+      engine returned (use_rollout_log_probs, no recompute), so the trainer runs neither an
+      old nor a proximal log-prob pass.
+
+    Both take the scenario's K for the versions a trajectory may span (at least 1, to overlap
+    at all); verl sets no such bound, so a verl scenario picks a K its runs never reach."""
+    sim = config.sim
+    ahead = _ahead(config, sim.staleness_threshold)
+    k = f"window.max_staleness={max(1, config.window.max_staleness)}"
+    if sim.reproduces == "verl":
+        servers = sim.rollout.groups
+        return [k, f"window.max_started_per_sync={ahead}",
+                f"window.max_inflight_prompts={min(ahead, VERL_PROMPTS_PER_SERVER * servers)}",
+                "sim.train.rollout_logprobs=true", "algorithm.decoupled=false"]
+    return [k, f"window.max_inflight_prompts={ahead}"]
+
+
+def _areal_window(config: EddyConfig) -> list[str]:
+    """AReaL's asynchronous window, where the scenario reproduces AReaL: its K is
+    max_head_offpolicyness (AReaL admits while (K + version + 1)·B > accepted + running, the
+    version window's own deadline rule) and its groups generating at once are
+    max_concurrent_rollouts. Elsewhere the registry's K = 3 stands."""
+    if config.sim.reproduces != "areal":
+        return []
     return [f"window.max_staleness={max(1, config.window.max_staleness)}",
-            f"window.max_inflight_prompts={_ahead(config, PARTIAL_AHEAD)}"]
+            f"window.max_inflight_prompts={config.window.max_inflight_prompts}"]
 
 
 # the implementations of the registry's scenario hooks (modes.SCENARIO_HOOKS), by name; each is
@@ -115,6 +147,7 @@ def _partial_window(config: EddyConfig) -> list[str]:
 SCENARIO_HOOKS: dict[str, Callable[[EddyConfig], list[str]]] = {
     "colocated_devices": _colocated,
     "partial_window": _partial_window,
+    "areal_window": _areal_window,
     "scenario_workers": lambda c: [f"rollout.num_workers={c.rollout.num_workers}"],
     "bucket_layout": _bucket,
     "bucket_layout_unsized": lambda c: _bucket(c, sized=False),

@@ -26,7 +26,8 @@ from .engine import SimInferenceEngine
 from .trainer import SimBatch, SimTrainer, build_sim_batch
 from ..observability.trace import Trace as Timeline  # the worker timeline real runs write too
 from ..scheduler.buckets import worker_batch_size
-from ..scheduler.cost_model import CostModel
+from ..scheduler.cost_model import VLLM_MAX_NUM_BATCHED_TOKENS, CostModel
+from ..scheduler.rollout_cost import WeightUpdate, staged_load_seconds
 from . import workload as synthetic
 from .clock import run_virtual
 
@@ -57,14 +58,16 @@ class SimRuntime:
     def __init__(self, engines: list[SimInferenceEngine], trainer: SimTrainer,
                  weight_sync_s: float, timeline: Timeline | None = None, *,
                  move_s: float = 0.0, replica_groups: float = 1.0,
-                 devices: Devices | None = None) -> None:
+                 devices: Devices | None = None, pause_to_receive: bool = False) -> None:
         """`move_s`: a worker's cold start when it changes role; `replica_groups`: data-parallel
         groups a rollout worker adds to training when it joins (its devices / the trainer's tp);
         `devices`: the layout, for device-level idle time and colocated turn-taking (default:
-        split, one device per instance and per trainer group)."""
+        split, one device per instance and per trainer group); `pause_to_receive`: engines stop
+        decoding while the weights cross (verl), instead of staging them meanwhile (Eddy)."""
         self.workers = engines
         self.trainer = trainer
         self.weight_sync_s = weight_sync_s
+        self.pause_to_receive = pause_to_receive
         self.devices = devices or Devices((1,) * len(engines), trainer.dp)
         self._trace_train = timeline.recorder("train", 0) if timeline is not None else None
         self._trace_roles = [timeline.recorder("rollout", i) for i in range(len(engines))] \
@@ -108,26 +111,36 @@ class SimRuntime:
                     ) -> dict[str, float]:
         if self.devices.colocated:
             await self._hand_devices_to("train")
-        seconds = self.trainer.step_seconds(
-            batch, extra_dp=len(replicas) * self.replica_groups)
+        cost = self.trainer.step_cost(batch, extra_dp=len(replicas) * self.replica_groups)
+        seconds = cost.total_s
         self.train_busy_s += seconds
         self._record("train", seconds, {"rows": batch.rows, "tokens": batch.tokens})
         await asyncio.sleep(seconds)
-        return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas)}
+        # the step's parts (compute, imbalance, collectives, optimizer, log-prob passes)
+        return {"train_tokens": float(batch.tokens), "replicas_joined": len(replicas),
+                **cost.as_dict()}
 
     async def sync_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
         """One broadcast to every instance at once (each receives its shards over its own
-        link), then each stages or applies the new version (those in `hold` stage it)."""
+        link, into a staging copy, while it goes on decoding, as Eddy's `vllm` engine does),
+        then each stages or applies the new version (those in `hold` stage it); applying is the
+        engine's pause (load, prefix-cache reset, chunked re-prefill: engine.py)."""
         if self.devices.colocated:
             await self._hand_devices_to("rollout")
         self.sync_busy_s += self.weight_sync_s
         self._record("weight sync", self.weight_sync_s, {"version": version})
+        if self.pause_to_receive:
+            for index, engine in enumerate(self.workers):
+                if index not in self.replicas:
+                    await engine.pause_for(self.weight_sync_s)
         await asyncio.sleep(self.weight_sync_s)
+        loads = []
         for index, engine in enumerate(self.workers):
             if index in self.replicas:
                 self.replicas[index] = version  # a joined replica fetches its state here
             else:
-                await engine.load_weights(version, hold=index in hold)
+                loads.append(engine.load_weights(version, hold=index in hold))
+        await asyncio.gather(*loads)  # idle engines load in parallel; busy ones at their step
         self.marks.append((self.now(), sum(e.stats().busy_seconds for e in self.workers),
                            self.train_busy_s, self.device_busy_s()))
         return [engine.version for engine in self.workers]
@@ -234,16 +247,29 @@ def weight_sync_seconds(config: EddyConfig, rollout_cost: CostModel,
                         train_cost: CostModel) -> float:
     """Trainer -> rollout: each rollout device receives its tp shard. Over the NIC or NVLink
     at the slower end's bandwidth; through host memory (different vendors, or colocated roles
-    on one device, which a collective cannot connect to itself) it is copied device -> host ->
-    device, two hops over PCIe."""
+    on one device, which a collective cannot connect to itself) it is copied device -> host
+    here, one hop over PCIe; the hop back to the device is the engine's load
+    (`weight_update`), which pauses it."""
     sim = config.sim
     shard = rollout_cost.weights_bytes / sim.rollout.tp
     if sim.weight_link == "host" or config.cluster.placement == "colocated":
-        return 2 * rollout_cost.weight_sync_seconds(shard, sim.host_link_bandwidth)
+        return rollout_cost.weight_sync_seconds(shard, sim.host_link_bandwidth)
     pick = (lambda a: a.inter_node_bandwidth) if sim.weight_link == "inter_node" else \
         (lambda a: a.intra_node_bandwidth)
     bandwidth = min(pick(rollout_cost.accelerator), pick(train_cost.accelerator))
     return rollout_cost.weight_sync_seconds(shard, bandwidth)
+
+
+def weight_update(config: EddyConfig, cost: CostModel) -> WeightUpdate:
+    """How an instance of `cost`'s tp takes new weights: staged through host memory (weight_link
+    host, or colocated roles, whose sync goes through the host) or in device buffers (a
+    collective over NVLink / the NIC), then copied into place; vLLM's default token budget for
+    the re-prefill."""
+    from_host = (config.sim.weight_link == "host"
+                 or config.cluster.placement == "colocated")
+    return WeightUpdate(load_s=staged_load_seconds(cost, from_host,
+                                                   config.sim.host_link_bandwidth),
+                        token_budget=VLLM_MAX_NUM_BATCHED_TOKENS)
 
 
 def instance_tps(config: EddyConfig) -> list[int]:
@@ -288,7 +314,8 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
                                   partial_rollout=config.window.partial_rollout,
                                   trace=timeline.recorder("rollout", i) if timeline else None,
                                   episode_of=workload.episode,
-                                  carry_kv=sim.migration == "carry_kv")
+                                  carry_kv=sim.migration == "carry_kv",
+                                  update=weight_update(config, costs[tps[i]]))
                for i in range(len(tps))]
     move_s = sim.move_setup_s + rollout_cost.weight_sync_seconds(
         rollout_cost.weights_bytes / sim.rollout.tp, rollout_cost.accelerator.intra_node_bandwidth)
@@ -297,9 +324,13 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     colocated = config.cluster.placement == "colocated"
     devices = Devices(tuple(tps), sim.train.devices, colocated,
                       switch_seconds(config, rollout_cost) if colocated else 0.0)
-    runtime = SimRuntime(engines, SimTrainer(train_cost, sim.train.groups), sync_s, timeline,
+    trainer = SimTrainer.from_config(config, train_cost, sim.train.groups,
+                                     shard=sim.train.fsdp_size,
+                                     rollout_logprobs=sim.train.rollout_logprobs)
+    runtime = SimRuntime(engines, trainer, sync_s, timeline,
                          move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp,
-                         devices=devices)
+                         devices=devices,
+                         pause_to_receive=getattr(sim, "reproduces", "eddy") == "verl")
     rollout = config.rollout
     settings = loop_settings(
         config, SamplingParams(max_new_tokens=rollout.max_new_tokens,

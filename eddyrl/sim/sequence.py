@@ -47,13 +47,20 @@ class SimSequence:
         request = self.request
         new = tokens - len(request.resume_ids)
         ends = [start for _, start in self.segments[1:]] + [tokens]
-        versions = Runs.of(request.resume_versions) + Runs(
-            (version, end - start) for (version, start), end in zip(self.segments, ends))
+        versions = [(version, end - start) for (version, start), end in zip(self.segments, ends)]
         return GenerationResult(
             request.request_id, request.prompt_ids,
-            Runs.of(request.resume_ids) + Runs([(self.token, new)]),
-            Runs.of(request.resume_logprobs) + Runs([(0.0, new)]),
-            versions, reason)
+            _resumed_then(request.resume_ids, [(self.token, new)]),
+            _resumed_then(request.resume_logprobs, [(0.0, new)]),
+            _resumed_then(request.resume_versions, versions), reason)
+
+
+def _resumed_then(resumed: Sequence, runs: list[tuple[object, int]]) -> Runs:
+    """`Runs.of(resumed) + Runs(runs)`, built in one go: a result is built at every finish and
+    progress note, and most requests resume nothing."""
+    if not resumed:
+        return Runs(runs)
+    return Runs([*Runs.of(resumed).runs(), *runs])
 
 
 class ToolWaits:

@@ -97,6 +97,9 @@ class Workload:
         self.config = config
         self.seed = seed
         self.lengths = ResponseLengths.of(config)
+        # prompt key -> its solve rate: every response of a group asks for it, and a seeded
+        # draw (a Mersenne Twister seeded afresh) costs more than the rest of `correct`
+        self._solve_rates: dict[int, float] = {}
 
     def prompt_sets(self) -> tuple[PromptSet, PromptSet]:
         """(train, eval) prompts. A prompt's last token id is its key (eval prompts' keys start
@@ -119,9 +122,16 @@ class Workload:
         return max(1, min(self.lengths.cap, round(tokens)))
 
     def correct(self, request: GenerationRequest) -> bool:
-        solve_rate = self._draw("prompt", request.prompt_ids[-1]).betavariate(
-            self.config.solve_a, self.config.solve_b)
-        return self._draw("correct", request.request_id).random() < solve_rate
+        return self._draw("correct", request.request_id).random() < self.solve_rate(
+            request.prompt_ids[-1])
+
+    def solve_rate(self, key: int) -> float:
+        """The probability that a response to the prompt with this key is right."""
+        rate = self._solve_rates.get(key)
+        if rate is None:
+            rate = self._solve_rates[key] = self._draw("prompt", key).betavariate(
+                self.config.solve_a, self.config.solve_b)
+        return rate
 
     def episode(self, request: GenerationRequest) -> tuple[ToolCall, ...]:
         """The request's tool calls, in order, each at a distinct token count in

@@ -1,21 +1,20 @@
-"""The cost model: datasheet tables, parameter counts against transformers, the decode roofline
-(memory-bound at batch 1, compute-bound past the ridge point), calibration against HARDWARE.md's
-measured points, monotonicity, and errors that name the bad value."""
+"""The cost model: datasheet tables, the decode roofline (memory-bound at batch 1,
+compute-bound past the ridge point), calibration against HARDWARE.md's measured points,
+monotonicity, and errors that name the bad value. (Parameter counts against transformers:
+test_cost_model_parameter_counts.py.)"""
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from small_configs import small_config
 
 from eddyrl.errors import ConfigError
-from eddyrl.scheduler.cost_model import (H100_DECODE_POINTS, MOE_TRAIN_MFU, CostModel,
-                                         Efficiency, Measurement, fit_efficiency)
+from eddyrl.scheduler.cost_model import (H100_DECODE_POINTS, MOE_TRAIN_MFU, NO_STEP_OVERHEADS,
+                                         CostModel, Efficiency, Measurement, fit_efficiency)
 from eddyrl.scheduler.hardware import (ACCELERATORS, MODELS, lookup_accelerator, lookup_model,
                                        measure_cpu, model_from_hf_config)
 
 KIB = 1024
-TINY_CONFIG = Path(__file__).resolve().parents[2] / "eddyrl/assets/tiny_warmstart/config.json"
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -80,28 +79,8 @@ def test_forward_flops_match_the_datasheet():
     assert 2 * MODELS["Qwen3-30B-A3B"].matmul_params == pytest.approx(6.1e9, rel=0.01)
 
 
-def _small(model_type, **extra):
-    config = {"model_type": model_type, "num_hidden_layers": 2, "hidden_size": 64,
-              "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 32, "vocab_size": 100, "tie_word_embeddings": False}
-    return config | extra
-
-
-@pytest.mark.parametrize("config", [
-    _small("qwen2"), _small("qwen3"), _small("llama"), _small("qwen3", tie_word_embeddings=True),
-    _small("qwen3_moe", moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2),
-    json.loads(TINY_CONFIG.read_text()),
-], ids=["qwen2", "qwen3", "llama", "qwen3-tied", "qwen3-moe", "tiny"])
-def test_parameter_count_equals_transformers(config):
-    transformers = pytest.importorskip("transformers")
-    hf_config = transformers.AutoConfig.for_model(**config)
-    hf_model = transformers.AutoModelForCausalLM.from_config(hf_config)
-    assert model_from_hf_config("small", config).total_params == sum(
-        parameter.numel() for parameter in hf_model.parameters())
-
-
 def test_a_config_missing_a_key_is_named():
-    config = _small("qwen3")
+    config = small_config("qwen3")
     del config["hidden_size"]
     with pytest.raises(ConfigError, match="'hidden_size'"):
         model_from_hf_config("broken", config)
@@ -147,24 +126,31 @@ def test_moe_decode_reads_more_experts_as_the_batch_grows():
 # -- calibration -------------------------------------------------------------------------------
 
 def test_decode_efficiency_fitted_on_the_h100_points():
-    """HARDWARE.md 3a: H100, vLLM, TP1, batch 8: Qwen3-8B 962, 14B 627, 32B 312 tok/s."""
+    """HARDWARE.md 3a: H100, vLLM, TP1, batch 8: Qwen3-8B 962, 14B 627, 32B 312 tok/s. With
+    vLLM's step overheads counted apart (fitted on all 43 points, rollout_cost.py), the batch-8
+    points alone imply the default HBM efficiency within 0.05."""
     fit = fit_efficiency(H100_DECODE_POINTS, "decode_bandwidth_efficiency")
     print(fit.report())
-    assert 0.55 <= fit.efficiency.decode_bandwidth_efficiency <= 0.85
-    assert all(abs(residual) < 0.25 for residual in fit.residuals)
+    assert all(abs(residual) < 0.05 for residual in fit.residuals)
     default = Efficiency().decode_bandwidth_efficiency
-    assert fit.efficiency.decode_bandwidth_efficiency == pytest.approx(default, abs=0.005)
+    assert fit.efficiency.decode_bandwidth_efficiency == pytest.approx(default, abs=0.05)
     assert all(name in fit.report() for name in ("Qwen3-8B", "Qwen3-14B", "Qwen3-32B"))
 
 
 def test_decode_efficiency_on_the_a100_batch_1_points():
-    """HARDWARE.md 3a: A100, vLLM, batch 1: Qwen2.5-7B 84.3, 32B 22.1 tok/s (2048 generated)."""
-    points = [Measurement.decode("A100", model, batch=1, mean_context=1024, tokens_per_second=rate)
-              for model, rate in (("Qwen2.5-7B", 84.3), ("Qwen2.5-32B", 22.1))]
-    fit = fit_efficiency(points, "decode_bandwidth_efficiency")
-    print(fit.report())
-    # The sheet's column says 63 % / 71 %; it counts the input embedding as read (it is a lookup).
-    assert list(fit.implied) == pytest.approx([0.63, 0.71], abs=0.05)
+    """HARDWARE.md 3a: A100, vLLM, batch 1: Qwen2.5-7B 84.3, 32B 22.1 tok/s (2048 generated).
+    The sheet's column (63 % / 71 %) is a bare roofline; with vLLM's step overheads (fitted on
+    H100 points, another device and vLLM version) the same points imply 76-81 %."""
+    def fit(overheads):
+        return fit_efficiency([
+            Measurement.decode("A100", model, batch=1, mean_context=1024, tokens_per_second=rate,
+                               overheads=overheads)
+            for model, rate in (("Qwen2.5-7B", 84.3), ("Qwen2.5-32B", 22.1))],
+            "decode_bandwidth_efficiency")
+    print(fit(NO_STEP_OVERHEADS).report())
+    # a bare roofline (the batch-1 matmuls added): it counts the input embedding as read
+    assert list(fit(NO_STEP_OVERHEADS).implied) == pytest.approx([0.63, 0.71], abs=0.05)
+    assert list(fit(None).implied) == pytest.approx([0.81, 0.76], abs=0.03)
 
 
 @pytest.mark.parametrize("factor, quantity, arguments", [
@@ -213,11 +199,14 @@ def test_more_tensor_parallelism_takes_less_time():
     assert decode == sorted(decode, reverse=True) and len(set(decode)) == len(decode)
 
 
-def test_the_gradient_all_reduce_slows_down_beyond_one_node():
+def test_the_fsdp_collectives_slow_down_across_many_nodes():
     cost_model = CostModel("H100", "Qwen3-8B")
-    assert cost_model.train_step_seconds(0, dp=1) == 0
-    in_node, across_nodes = (cost_model.train_step_seconds(0, dp=dp) for dp in (8, 16))
-    assert across_nodes > 10 * in_node  # 50 GB/s NIC against 900 GB/s NVLink
+    alone, in_node, across_nodes = (cost_model.train_step_seconds(0, dp=dp)
+                                    for dp in (1, 8, 128))
+    assert alone < in_node  # one device: the optimizer step alone, no collective
+    # each accelerator's own NIC carries 1/8 of what crosses (train_cost.collective_seconds):
+    # slower than NVLink, not by the links' 18x
+    assert 1.2 * in_node < across_nodes < 3 * in_node
     assert cost_model.train_step_seconds(10**7, dp=8) < cost_model.train_step_seconds(10**7)
 
 

@@ -145,8 +145,8 @@ def test_partial_rollout_records_each_tokens_version():
 
 def test_partial_rollout_re_prefills_running_sequences_under_the_new_weights():
     """Their KV cache came from the old weights: the switch costs a prefill of each running
-    sequence's whole context (prompt and tokens so far), as the vllm engine's abort-and-resume
-    does, and generation then goes on where it stopped."""
+    sequence's whole context (prompt and tokens so far) through the engine's token budget, as
+    the vllm engine's abort-and-resume does, and generation then goes on where it stopped."""
     engine = _engine({"a": 100}, partial_rollout=True)
     switch_at = COST.prefill_seconds(100) + 30.5 * COST.decode_step_seconds(1, 115)
     log = []
@@ -159,6 +159,7 @@ def test_partial_rollout_re_prefills_running_sequences_under_the_new_weights():
 
     (result,) = run_virtual(scenario())[0]
     expected = (COST.prefill_seconds(100) + _decode_s(1, 100, 31)
-                + COST.prefill_seconds(131) + _decode_s(1, 131, 69))
+                + COST.chunked_prefill_seconds([131], engine.update.token_budget)[1]
+                + _decode_s(1, 131, 69))
     assert log[-1][3] == pytest.approx(expected, rel=2e-3)
     assert result.versions.runs() == [(0, 31), (1, 69)] and engine.preemptions == 0

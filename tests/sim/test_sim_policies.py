@@ -6,7 +6,7 @@ import random
 import pytest
 
 from eddyrl.sim.config import load_scenario as load_config
-from eddyrl.sim.policies import PARTIAL_AHEAD, _long_work_share, policy_config
+from eddyrl.sim.policies import _long_work_share, policy_config
 from eddyrl.scheduler.cost_model import CostModel
 from eddyrl.sim.workload import ResponseLengths
 
@@ -18,7 +18,9 @@ def test_partial_streams_with_partial_rollout_half_a_batch_ahead_within_the_scen
     partial = policy_config(DORA, [], "partial")
     assert partial.window.partial_rollout and partial.window.refill == "stream"
     assert partial.window.max_staleness == scenario.window.max_staleness == 3
-    assert partial.window.max_inflight_prompts == round(512 * (1 + PARTIAL_AHEAD)) == 768
+    ahead = scenario.sim.staleness_threshold  # verl's default 0.5: half a batch ahead
+    assert partial.window.max_inflight_prompts == round(512 * (1 + ahead)) == 768
+    assert partial.window.max_started_per_sync == 0  # DORA's scenario: Eddy's bound
     # a synchronous scenario still gets one step of lag to overlap with
     assert policy_config(DORA, ["window.max_staleness=0"], "partial") \
         .window.max_staleness == 1
