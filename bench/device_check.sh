@@ -80,8 +80,8 @@ step "platforms check ($PLATFORM)" platform_check.log 240 python3 -m eddyrl.cli 
 # tests are left out: they exercise entry points on the CPU only, replace PYTHONPATH and (the
 # training run) need Ray, which the device image lacks.
 step pytest pytest.log 300 python3 -m pytest -q -p no:cacheprovider --timeout 150 -rfEs \
-    --durations=15 --junitxml="$OUT/pytest.xml" tests/hal tests/hardware \
-    --ignore=tests/hal/test_plugin.py --ignore=tests/hal/test_plugin_train.py
+    --durations=15 --junitxml="$OUT/pytest.xml" tests/fast/hal tests/integration/hal tests/hardware \
+    --ignore=tests/integration/hal/test_plugin.py --ignore=tests/integration/hal/test_plugin_train.py
 
 step device_costs device_costs.log 240 python3 bench/device_costs.py \
     --accelerator "$ACCELERATOR" --out "$OUT/device_costs.json"

@@ -60,7 +60,7 @@ SHAPES = {
                  tie_word_embeddings=True),
     "4b": dict(QWEN3, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True),
     "8b": dict(QWEN3, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False),
-    # not a real model: a row in seconds, for tests/plan/test_memory_bench.py
+    # not a real model: a row in seconds, for tests/fast/plan/test_memory_bench.py
     "small": dict(QWEN3, hidden_size=512, intermediate_size=1536, num_attention_heads=8,
                   num_key_value_heads=4, head_dim=64, vocab_size=32768,
                   tie_word_embeddings=True),

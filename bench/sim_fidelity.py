@@ -14,7 +14,7 @@ The runs are the simulator's own (`eddyrl.sim.policies.policy_config` and
 a run (the same scenario, policy and overrides) run it once. The 15 % target of issue 35 is
 this bench's to report, not a test's: simulated step times change with the cost model.
 
-Every row cites where its number comes from (`Row.source`); tests/sim/test_fidelity_rows.py
+Every row cites where its number comes from (`Row.source`); tests/fast/sim/test_fidelity_rows.py
 checks that each does and that its scenario and policy exist.
 """
 

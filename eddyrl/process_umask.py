@@ -2,7 +2,7 @@
 which a thread running beside the reader would see (a file created meanwhile gets the wrong
 mode). Linux says it in /proc/self/status; elsewhere it is set and put back.
 
-Its own module: the user-code pool (usercode/) opens no file (tests/engines/
+Its own module: the user-code pool (usercode/) opens no file (tests/integration/engines/
 test_no_pickle_checkpoints.py), and this reads one of the kernel's.
 """
 

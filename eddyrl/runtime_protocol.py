@@ -17,7 +17,7 @@ lacks is refused there by name:
 The implementations: `runtime.ray.RayRuntime` (all four), `sim.runtime.SimRuntime` (elastic,
 plannable), `runtime.inprocess.InProcessRuntime` (none: evaluation and tests) and
 `observability.tracing.traced(runtime)`, which has exactly the capabilities of the runtime it
-wraps. `conforms` checks a class against a protocol by its signatures (tests/structure).
+wraps. `conforms` checks a class against a protocol by its signatures (tests/fast/structure).
 
 It sits beside `protocol.py`, not in `runtime/`, and imports only that module, so `core/` can
 type its seams with it without importing a runtime.

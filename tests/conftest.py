@@ -1,30 +1,29 @@
-"""Shared fixtures: a tiny random Qwen3 + character tokenizer saved as an HF directory.
+"""Shared fixtures (a tiny random Qwen3 + character tokenizer saved as an HF directory; the
+subject fixtures of tests/support/fixtures_*.py) and the test tiers.
 
-And the test tiers, decided here and nowhere else (test modules carry no tier marks of their
-own unless they want to overrule these rules). Every collected test gets exactly one of
+A test's tier is the folder it lives in, and nothing else:
 
-- `fast`: pure logic: no model built, no Ray, no subprocess (`python -m pytest -q -m fast`);
-- `integration`: the tiny model on the CPU, local Ray, CLI subprocesses, wheel builds
-  (`-m integration`; `slow` is a subset of it);
-- `hardware`: needs an accelerator and skips without one (`-m hardware`).
+- tests/fast/: pure logic: no model built, no Ray, no subprocess (`python -m pytest -q -m fast`,
+  or `python -m pytest -q tests/fast`);
+- tests/integration/, tests/faults/, tests/multinode/: the tiny model on the CPU, local Ray,
+  CLI subprocesses, wheel builds, killed workers, network-namespace hosts (`-m integration`;
+  `slow` is a subset of it);
+- tests/hardware/: needs an accelerator and skips without one (`-m hardware`). A test anywhere
+  else that runs on an accelerator platform (parametrized over `platform`, `accelerator` or
+  `platform_name` with a non-CPU value, or marked `hardware`) is hardware too: the HAL
+  contract tests run their `[cpu]` case in their own tier.
 
-The rules, first match wins (`classify`):
+What is left of the old inference is a check (`tier_problems`, asserted by
+tests/fast/project/test_tiers.py): a test under tests/fast/ whose code, fixtures or tests-tree
+helpers name something in USES (builds a model, imports vLLM, uses Ray, starts a subprocess), or
+that is marked `slow`, or a module outside the tier folders, is reported. `EDDY_TIER_CHECK=1`
+also watches the fast tests as they run: one that imports or starts Ray, builds a
+transformers/vLLM model or runs `eddy` in a subprocess fails, naming what it did.
 
-1. a tier mark the test sets itself (`@pytest.mark.fast`, `pytestmark = pytest.mark.hardware`);
-2. a module under tests/hardware/ -> hardware;
-3. a test parametrized over a platform (`platform`, `accelerator`, `platform_name`) that is not
-   a CPU one -> hardware (the HAL contract tests: `[cpu]` goes on through these rules);
-4. `slow` -> integration;
-5. the test, a helper of the tests tree that it calls, or one of its fixtures (transitively:
-   `tiny_model_dir` builds a model) names something in USES -> integration;
-6. a module whose file name matches INTEGRATION_MODULES -> integration;
-7. everything else -> fast.
-
-`EDDY_TIER_CHECK=1` checks the fast tests as they run: one that imports or starts Ray, builds
-a transformers/vLLM model or runs `eddy` in a subprocess fails, naming what it did.
+Helpers shared by tests of several folders live in tests/support/ (on sys.path, so tests import
+them by name: `from scripted_engine import ScriptedEngine`).
 """
 
-import fnmatch
 import inspect
 import os
 import subprocess
@@ -34,6 +33,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+TESTS_DIR = Path(__file__).resolve().parent
+# tests/support: helpers imported by name from any folder, and by the processes tests start
+sys.path.insert(0, str(TESTS_DIR / "support"))
+pytest_plugins = ["fixtures_engines", "fixtures_envs", "fixtures_hal"]
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +55,11 @@ def tiny_model_dir(tmp_path_factory):
 # --------------------------------------------------------------------------------- test tiers
 
 TIERS = ("fast", "integration", "hardware")
-TESTS_DIR = Path(__file__).resolve().parent
+# the tier of each top folder of tests/
+FOLDER_TIERS = {"fast": "fast", "integration": "integration", "faults": "integration",
+                "multinode": "integration", "hardware": "hardware"}
 
-# Names whose use makes a test integration (rule 5): matched against the names a test's code,
+# Names a test under tests/fast/ may not use (the check): matched against the names a test's code,
 # its fixtures' code and the tests-tree helpers they call refer to (globals, attributes,
 # imports), and against the modules those names are bound to.
 USES = {
@@ -77,24 +83,6 @@ USES = {
     "multiprocessing": "starts a subprocess",
     "torch.multiprocessing": "starts a subprocess",
     "PythonSandbox": "starts a subprocess",
-}
-
-# Rule 6, for modules no better signal covers: fnmatch patterns on the test file's name (not
-# its folder, so that moving a file keeps its tier). Each says why.
-INTEGRATION_MODULES = {
-    "test_e2e_*": "end-to-end runs of `eddy train` on the tiny model",
-    "test_eval_cli.py": "`eddy eval` loads the shipped warm-start checkpoint",
-    "test_wheel*": "builds and installs the wheel",
-    # Pure logic, but whole simulated runs of the controller (seconds each): together they
-    # would take half of the fast tier's 30 s. The simulator's parts (engine, clock, sequences,
-    # policies, cost model) stay fast.
-    "test_simulator.py": "whole simulated runs",
-    "test_sim_cli.py": "`eddy sim` and `eddy bench sim` runs",
-    "test_resume.py": "simulated runs checkpointed and resumed",
-    "test_run_report.py": "`eddy report` draws every plot of a run (matplotlib)",
-    # Pure logic too, but it loads every mode in every scenario and source: about 6 s on two
-    # cores even at ~23 ms a load_config (the schema built once), a fifth of the fast budget.
-    "test_modes.py": "every mode's settings in real runs, bench and the simulator",
 }
 
 PLATFORM_PARAMS = ("platform", "accelerator", "platform_name")
@@ -183,21 +171,16 @@ def _is_accelerator(name: str) -> bool:
     return _PLATFORM_KINDS[name]
 
 
-def classify(item) -> tuple[tuple[str, ...], str]:
-    """(the tiers of a collected test, why): one tier unless the test marks itself with two."""
-    names = {mark.name for mark in item.iter_markers()}
-    explicit = tuple(tier for tier in TIERS if tier in names)
-    if explicit:
-        return explicit, "marked so"
-    path = Path(str(item.path)).resolve()
-    if path.is_relative_to(TESTS_DIR) and path.relative_to(TESTS_DIR).parts[0] == "hardware":
-        return ("hardware",), "under tests/hardware"
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    for key in PLATFORM_PARAMS:
-        if isinstance(params.get(key), str) and _is_accelerator(params[key]):
-            return ("hardware",), f"runs on {params[key]}"
-    if "slow" in names:
-        return ("integration",), "marked slow"
+def folder_tier(path) -> str | None:
+    """The tier of a test file's folder (None: outside the tier folders)."""
+    path = Path(str(path)).resolve()
+    if not path.is_relative_to(TESTS_DIR):
+        return None
+    return FOLDER_TIERS.get(path.relative_to(TESTS_DIR).parts[0])
+
+
+def fast_test_uses(item) -> str | None:
+    """What a test (its code, its fixtures', the tests-tree helpers they call) names from USES."""
     function = getattr(item, "function", None)
     why = _function_signal(function) if function is not None else None
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
@@ -209,24 +192,37 @@ def classify(item) -> tuple[tuple[str, ...], str]:
             if why:
                 why = f"fixture {name} {why}"
                 break
-    if why:
-        return ("integration",), why
-    for pattern, reason in INTEGRATION_MODULES.items():
-        if fnmatch.fnmatch(path.name, pattern):
-            return ("integration",), f"module {pattern}: {reason}"
-    return ("fast",), "pure logic"
+    return why
+
+
+def classify(item) -> tuple[str, str]:
+    """(the tier of a collected test, why)."""
+    names = {mark.name for mark in item.iter_markers()}
+    if "hardware" in names:
+        return "hardware", "marked so"
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for key in PLATFORM_PARAMS:
+        if isinstance(params.get(key), str) and _is_accelerator(params[key]):
+            return "hardware", f"runs on {params[key]}"
+    tier = folder_tier(item.path)
+    return (tier, "its folder") if tier else ("none", "outside the tier folders")
 
 
 def tier_problems(records: dict) -> list[str]:
-    """What breaks the tier rules in {test id: marker names}: a test with no tier or with
-    two, a `slow` test in the fast tier (slow ones are integration, or hardware)."""
+    """What breaks the tier rules in {test id: (marker names, what a fast test uses)}: a test
+    outside the tier folders, a tier mark that is not its folder's, a `slow` test or one that
+    uses a model, Ray or a subprocess in the fast tier."""
     problems = []
-    for nodeid, names in records.items():
+    for nodeid, (names, uses) in records.items():
         tiers = [tier for tier in TIERS if tier in names]
         if len(tiers) != 1:
-            problems.append(f"{nodeid}: {len(tiers)} tiers {tiers}, needs exactly one of {TIERS}")
-        elif "slow" in names and tiers == ["fast"]:
-            problems.append(f"{nodeid}: marked slow but in the fast tier")
+            problems.append(f"{nodeid}: {len(tiers)} tiers {tiers}, needs exactly one of {TIERS}"
+                            " (tests/fast, tests/integration, ... decide it)")
+        elif tiers == ["fast"] and "slow" in names:
+            problems.append(f"{nodeid}: marked slow but under tests/fast")
+        elif tiers == ["fast"] and uses:
+            problems.append(f"{nodeid}: under tests/fast but {uses}: it belongs in "
+                            "tests/integration")
     return problems
 
 
@@ -234,12 +230,16 @@ def tier_problems(records: dict) -> list[str]:
 def pytest_collection_modifyitems(config, items):
     records = config.stash.setdefault(_RECORDS, {})
     for item in items:
-        tiers, why = classify(item)
-        for tier in tiers:
+        tier, why = classify(item)
+        marked = {mark.name for mark in item.iter_markers()} & set(TIERS)
+        if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        item.stash[_TIER] = tiers[0] if len(tiers) == 1 else "/".join(tiers)
-        item.user_properties.append(("tier", f"{item.stash[_TIER]}: {why}"))
-        records[item.nodeid] = {mark.name for mark in item.iter_markers()}
+        item.stash[_TIER] = tier
+        item.user_properties.append(("tier", f"{tier}: {why}"))
+        names = {mark.name for mark in item.iter_markers()}
+        if marked - {tier}:  # a mark that disagrees with the folder: two tiers, reported
+            names |= marked
+        records[item.nodeid] = (names, fast_test_uses(item) if tier == "fast" else None)
 
 
 @pytest.fixture
@@ -248,7 +248,8 @@ def tier_rules(request):
     whatever `-m` then selected)."""
     return types.SimpleNamespace(records=dict(request.config.stash.get(_RECORDS, {})),
                                  problems=tier_problems, classify=classify,
-                                 code_signal=code_signal, tiers=TIERS)
+                                 code_signal=code_signal, tiers=TIERS,
+                                 folder_tier=folder_tier, tests_dir=TESTS_DIR)
 
 
 # ------------------------------------------------------ EDDY_TIER_CHECK=1: watch the fast tier

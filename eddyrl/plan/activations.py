@@ -27,7 +27,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, I the MLP width, c the compute d
   MLP (SwiGLU): gate (kept by silu), act and up (kept by `act * up`), and `act * up` (kept by
     down_proj): 4 x I.
 
-`tests/plan/test_saved_activations.py` checks this sum against what torch's saved-tensor hooks
+`tests/integration/plan/test_saved_activations.py` checks this sum against what torch's saved-tensor hooks
 see in a transformers Qwen3 layer (fp32, bf16, sdpa and eager): equal to the byte.
 
 LoRA: a frozen linear keeps no input (no weight gradient to compute), an adapted one keeps its

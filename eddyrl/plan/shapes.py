@@ -2,7 +2,7 @@
 
 Covers the decoder-only families Eddy trains: dense Qwen3 / Qwen2 / Llama / Mistral and the
 Qwen3-MoE mixture of experts. Parameter counts follow the modules transformers builds for them
-(tests/plan/test_model_shapes_against_transformers.py pins them to a random-init model's `sum(p.numel())`):
+(tests/integration/plan/test_model_shapes_against_transformers.py pins them to a random-init model's `sum(p.numel())`):
 
 - per decoder layer: q/k/v/o projections (q/k/v biases on Qwen2, or where `attention_bias`),
   Qwen3's per-head q_norm/k_norm, two RMSNorms, and either a SwiGLU MLP (gate, up, down) or, on

@@ -1,8 +1,8 @@
 """The platform contract, shipped in the package so that a vendor who writes a `Platform`
 plug-in can check it from an installed wheel: `eddy platforms check NAME`.
 
-- `contract`: the `Platform` hooks, in this process (tests/hal/test_contract.py runs them too);
-- `collectives`: two spawned processes in one group (tests/hal/test_distributed.py);
+- `contract`: the `Platform` hooks, in this process (tests/fast/hal/test_contract.py runs them too);
+- `collectives`: two spawned processes in one group (tests/integration/hal/test_distributed.py);
 - `engines`: the `hf` inference engine and the FSDP trainer on the device, with the tiny model
   shipped in `eddyrl/assets`;
 - `varlen`: packed training's variable-length attention, where the platform has one (group

@@ -2,7 +2,7 @@
 
 Each `check_*(platform)` returns an optional one-line detail (what it saw) and raises on a
 failure, with a message that names what was wrong. The same functions run under pytest
-(tests/hal/test_contract.py) and from the installed package (`eddy platforms check NAME`), where
+(tests/fast/hal/test_contract.py) and from the installed package (`eddy platforms check NAME`), where
 no assertion rewriting explains a bare `assert`: so every assertion carries its own message.
 """
 

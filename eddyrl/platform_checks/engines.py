@@ -90,7 +90,7 @@ def local_device_types(engine) -> set[str]:
 
 
 # Rows of `train_batch`: (prompt length, response length), right-padded to LENGTH; the rows carry
-# different numbers of loss tokens (tests/engines/fsdp_helpers.py uses the same rows).
+# different numbers of loss tokens (tests/support/fsdp_helpers.py uses the same rows).
 ROWS = ((3, 6), (4, 2), (2, 5), (5, 1))
 LENGTH = 10
 

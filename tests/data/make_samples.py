@@ -5,7 +5,7 @@ openai/gsm8k (`question`, `answer` ending in `#### <final>`) and BytedTsinghua-S
 
     python tests/data/make_samples.py     # needs pyarrow for the .parquet files
 
-The rows are written here, not downloaded; tests/tasks/test_datasets.py checks that the shipped
+The rows are written here, not downloaded; tests/fast/tasks/test_datasets.py checks that the shipped
 files still hold exactly these rows.
 """
 

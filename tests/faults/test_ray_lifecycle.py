@@ -19,7 +19,7 @@ import textwrap
 import psutil
 import pytest
 
-from . import eddy_process as run
+import eddy_process as run
 
 # Ray's agents outlived the killed driver by a minute (their calls to the dead GCS time out at
 # 60 s); the reaper kills them within a second. Half of Ray's minute is ample for that.

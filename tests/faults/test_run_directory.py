@@ -20,7 +20,7 @@ from eddyrl import checkpoints
 from eddyrl.errors import ConfigError
 from eddyrl.run_dir import LOCK, RunDirectory
 
-from .run_dir_cases import metrics, write
+from run_dir_cases import metrics, write
 
 
 # -- the run directory: usable, locked ----------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 from eddyrl.envs import python_tool
 from eddyrl.envs.python_tool import PythonSandbox, SandboxLimits
 
-from envs.sandbox_processes import alive, sandbox_processes
+from sandbox_processes import alive, sandbox_processes
 
 LIMITS = dict(wall_s=20.0, cpu_s=10, memory_bytes=512 << 20, file_bytes=1 << 20,
               output_bytes=4096)

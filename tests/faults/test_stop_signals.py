@@ -13,7 +13,7 @@ import pytest
 
 from eddyrl import resume
 
-from . import eddy_process as run
+import eddy_process as run
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ processes, the collective weight channel from A's trainer to a receiver on B.
 
 Asserted:
 (a) the two-host update is the update one rank takes on the whole batch: the same steps,
-    assertions and tolerances as tests/engines/test_fsdp_data_parallel.py (whose constants and
+    assertions and tolerances as tests/integration/engines/test_fsdp_data_parallel.py (whose constants and
     step loop are imported), weights, loss, grad_norm and the other metrics;
 (b) the trained weights, sent by rank 0 on A in buckets through `CollectiveChannel` (gloo),
     arrive on B equal, bucket by bucket;
@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 import torch
 
-ENGINES_TESTS = str(Path(__file__).resolve().parents[1] / "engines")
-if ENGINES_TESTS not in sys.path:  # where pytest puts it when it collects tests/engines
+ENGINES_TESTS = str(Path(__file__).resolve().parents[1] / "support")
+if ENGINES_TESTS not in sys.path:  # where tests/conftest.py puts it
     sys.path.insert(0, ENGINES_TESTS)
 
 from fsdp_helpers import make_batch, save_tiny_model  # noqa: E402
-from test_fsdp_data_parallel import (ENGINE_ARGS, SPLITS, WORLD, _run,  # noqa: E402
+from tests.integration.engines.test_fsdp_data_parallel import (ENGINE_ARGS, SPLITS, WORLD, _run,  # noqa: E402
                                      assert_ranks_take_one_ranks_steps)
 
 from eddyrl.engines.training.fsdp import FSDPTrainEngine  # noqa: E402
@@ -51,8 +51,8 @@ import os, sys, time
 import torch
 
 rank, work, address, engines_tests, tests_dir = (int(sys.argv[1]), *sys.argv[2:6])
-sys.path[:0] = [engines_tests, tests_dir]
-from test_fsdp_data_parallel import ENGINE_ARGS, SPLITS, WORLD, _run
+sys.path[:0] = [engines_tests, tests_dir, os.path.dirname(tests_dir)]
+from tests.integration.engines.test_fsdp_data_parallel import ENGINE_ARGS, SPLITS, WORLD, _run
 from multinode.hosts import _proc_ip
 
 from eddyrl.engines.training.fsdp import FSDPTrainEngine

@@ -5,7 +5,7 @@ share its prefill; keys and values go into per-layer buffers that grow in doubli
 (kv_cache.py); decode steps of Llama-family models run op by op without transformers'
 per-module Python (lean_decode.py); finished rows leave the batch (and the KV cache) once they
 are a quarter of it, so one long trajectory does not keep the short ones' compute alive.
-tests/engines/test_hf_decode.py pins this path to a plain forward. Steps run in a worker
+tests/integration/engines/test_hf_decode.py pins this path to a plain forward. Steps run in a worker
 thread, so `abort`, `stats` and weight loads are served while a batch decodes.
 
 Weight updates are delayed (AsyncFlow): `load_weights` first receives the new weights into a

@@ -10,7 +10,7 @@ packs each distinct prompt once, followed by the responses of its rows, into one
 response attends to the prompt and causally to itself, never to its siblings, and its positions
 continue from the prompt's, so every token sees exactly the tokens it sees in its own row: the
 log-probs and gradients are the row layout's up to float summation order
-(tests/engines/test_packing_on_model.py pins them to it). On the default run a prompt is ~3/4 of each
+(tests/integration/engines/test_packing_on_model.py pins them to it). On the default run a prompt is ~3/4 of each
 row's tokens, so this cuts the forward and backward to about 2/5. It needs an attention that
 takes a custom 4D mask (transformers' `sdpa` and `eager`); other implementations, and rows
 without a shared prompt, run in the row layout.
