@@ -75,7 +75,9 @@ def lookup(record: dict, dotted: str) -> Any:
     return value
 
 
-def _check_prompt(value: Any, field: str) -> str | list[dict]:
+def check_prompt(value: Any, field: str) -> str | list[dict]:
+    """A prompt as data files hold it: a non-empty string (one user turn) or a list of chat
+    messages `{"role": str, "content": str}` (RowError naming `field` otherwise)."""
     if isinstance(value, str):
         if not value.strip():
             raise RowError(f"field {field!r} is empty")
@@ -123,7 +125,7 @@ def normalize(record: Any, fmt: RowFormat) -> dict:
     answer."""
     if not isinstance(record, dict):
         raise RowError(f"expected a JSON object (one per line), got {type(record).__name__}")
-    prompt = _check_prompt(_field(record, fmt, "prompt"), fmt.prompt_field)
+    prompt = check_prompt(_field(record, fmt, "prompt"), fmt.prompt_field)
     raw = _field(record, fmt, "answer")
     if not isinstance(raw, str):
         raise RowError(f"field {fmt.answer_field!r} must be str, got {type(raw).__name__}")

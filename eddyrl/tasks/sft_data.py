@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from ..errors import ConfigError
 from ..validation import did_you_mean
 from .dataset import check_suffix, read_records
+from .formats import RowError, check_prompt
 from .prompts import prompts_ids
 from .sft import IGNORE_INDEX, episode_tokens
 
@@ -150,23 +151,11 @@ def _field(record: dict, key: str, path: Path, row: int, flag: str) -> Any:
 
 
 def _prompt(value: Any, key: str, path: Path, row: int) -> str | list[dict]:
-    """A prompt as the RL data files hold it: a non-empty string (one user turn) or a list
-    of chat messages `{"role": str, "content": str}`."""
-    where = f"{path}: row {row}: key {key!r}"
-    if isinstance(value, str):
-        if not value.strip():
-            raise ConfigError(f"{where} is empty")
-        return value
-    if not isinstance(value, list) or not value:
-        what = "an empty list" if isinstance(value, list) else type(value).__name__
-        raise ConfigError(f"{where} must be a string or a list of chat messages "
-                          f"[{{'role': str, 'content': str}}], got {what}")
-    for number, message in enumerate(value, start=1):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise ConfigError(f"{where}: message {number} must be {{'role': str, "
-                              f"'content': str}}, got {message!r:.80}")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    """A prompt as the RL data files hold it (the readers' own rule, `formats.check_prompt`)."""
+    try:
+        return check_prompt(value, key)
+    except RowError as error:
+        raise ConfigError(f"{path}: row {row}: {error}") from None
 
 
 def tokenize_demonstrations(tokenizer, rows: list[tuple[int, Any, str]], source: str,
