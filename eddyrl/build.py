@@ -67,7 +67,7 @@ def build_controller(settings: LoopSettings, runtime: Runtime, train_prompts: An
     window = VersionWindow(max_staleness=window_config.max_staleness,
                            batch_groups=max(fresh_per_step, 1),
                            max_concurrent=window_config.max_inflight_prompts or
-                           (window_config.max_staleness + 1) * loop.batch_prompts,
+                           (window_config.highest_staleness + 1) * loop.batch_prompts,
                            max_started_per_sync=window_config.max_started_per_sync)
     ledger = Ledger()
     rollout = StreamingRollout(

@@ -47,7 +47,8 @@ BASE: tuple[str, ...] = (
     "window.max_staleness=0", "window.max_inflight_prompts=0",
     "window.max_started_per_sync=0", "window.refill=batch",
     "window.partial_rollout=false", "window.migrate=true", "window.fill_legacy=false",
-    "algorithm.decoupled=false", "algorithm.tis_cap=null", "algorithm.max_refill_rounds=0",
+    "algorithm.decoupled=false", "algorithm.tis_cap=null", "algorithm.correction=none",
+    "algorithm.max_refill_rounds=0",
     "replay.max_fraction=0", "routing.policy=none", "cluster.placement=split",
     "elastic.enabled=false", "adaptive.enabled=false", "adaptive.switch_partial_rollout=false",
 )
@@ -146,8 +147,9 @@ def _merged(*groups: Sequence[str]) -> tuple[str, ...]:
 
 # --- the building blocks ------------------------------------------------------------------
 # the off-policy loss every mode with lag needs: AReaL's decoupled objective, DORA's truncated
-# importance sampling (the simulator models no loss; a real run does)
-_OFF_POLICY = ("algorithm.decoupled=true", "algorithm.tis_cap=2.0")
+# importance sampling, token_tis at its default cap 2.0 (a run may pick another
+# `algorithm.correction` on top; the simulator models no loss; a real run does)
+_OFF_POLICY = ("algorithm.decoupled=true", "algorithm.correction=token_tis")
 _STREAM = ("window.refill=stream",)
 _K1 = ("window.max_staleness=1", *_OFF_POLICY)  # up to two batches in flight
 _MULTIVERSION = ("window.max_staleness=3", *_OFF_POLICY, "window.migrate=true",

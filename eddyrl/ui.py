@@ -58,9 +58,10 @@ def platform_checks_table(platform: str, results: list, summaries: dict[str, str
 
 class TrainProgress:
     """A progress bar over RL steps: elapsed time and an ETA, reward, the last held-out accuracy
-    with the step it was measured at, rollout tokens/s. `clock` is for tests (rich's own
-    `get_time`). A resumed run's first update jumps to its step; rich's pace leaves out the
-    first sample, so the ETA counts only the steps this process ran."""
+    with the step it was measured at, rollout tokens/s, the stability governor's K when on.
+    `clock` is for tests (rich's own `get_time`). A resumed run's first update jumps to its
+    step; rich's pace leaves out the first sample, so the ETA counts only the steps this
+    process ran."""
 
     def __init__(self, steps: int, *, out: Console | None = None, clock=None) -> None:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -94,6 +95,9 @@ class TrainProgress:
             parts.append(f"held-out acc {self.eval_accuracy:.3f} (step {self.eval_step})")
         if "tokens_per_s" in metrics:
             parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
+        if "governor_k" in metrics:  # the stability governor's K, and its move this step
+            moved = {"lower": " (lowered)", "raise": " (raised)"}
+            parts.append(f"K {metrics['governor_k']}{moved.get(metrics['governor_action'], '')}")
         self.progress.update(self.task, completed=step, status=" | ".join(parts))
         if "eval_accuracy" in metrics:
             self.console.print(f"step {step}: held-out accuracy {metrics['eval_accuracy']:.3f}",

@@ -165,9 +165,12 @@ class EddyConfig:
         if self.cluster.placement != "colocated":
             return
         key = "cluster.placement = colocated"
-        if self.window.max_staleness > 0:
+        if self.window.highest_staleness > 0:
             raise contradiction(
-                f"{key} with window.max_staleness = {self.window.max_staleness}: "
+                f"{key} with window.max_staleness = {self.window.max_staleness}"
+                + (f" (the governor may raise it to {self.window.highest_staleness})"
+                   if self.window.highest_staleness > self.window.max_staleness else "")
+                + ": "
                 "colocated roles take turns on the same devices, so nothing generates while "
                 "the trainer trains; asynchronous training needs cluster.placement = split "
                 "(or set max_staleness = 0)")

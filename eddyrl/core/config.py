@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..validation import check_choice, check_range, check_temperature, contradiction, inf_allowed
+from .corrections import CorrectionName, resolve_correction
 
 
 @dataclass(kw_only=True, slots=True)
@@ -19,6 +20,12 @@ class AlgorithmConfig:
     decoupled: bool = False  # clip against the proximal policy (the trainer's weights at the
     #                          start of each optimizer step), weight by prox/behaviour
     tis_cap: float | None = None  # truncate that importance weight at this value (e.g. 2.0)
+    # what to do with that weight, rho = prox/behaviour (core/corrections.py, docs/config.md):
+    # none | token_tis (= tis_cap) | seq_tis | token_mask | seq_mask | icepop | geo_mask;
+    # a preset other than none weighs by rho even without `decoupled`
+    correction: CorrectionName = "none"
+    correction_low: float | None = None  # keep ratios >= this (mask presets); None: default
+    correction_high: float | None = None  # truncate or mask above this; None: the default
     dual_clip: float | None = None  # bound the objective at dual_clip*A for A < 0 (e.g. 3.0)
     normalize_std: bool = True  # divide group advantages by the group's std (off: Dr. GRPO)
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal (no signal)
@@ -29,8 +36,8 @@ class AlgorithmConfig:
         check_range(f"{prefix}.clip_high", self.clip_high, 0, lo_open=True)
         check_range(f"{prefix}.kl_coef", self.kl_coef, 0)
         check_range(f"{prefix}.max_refill_rounds", self.max_refill_rounds, 0)
-        if self.tis_cap is not None:
-            check_range(f"{prefix}.tis_cap", self.tis_cap, 0, lo_open=True)
+        resolve_correction(self.correction, self.correction_low, self.correction_high,
+                           self.tis_cap, prefix=prefix)
         if self.dual_clip is not None:
             check_range(f"{prefix}.dual_clip", self.dual_clip, 1, lo_open=True)
         if self.clip_high < self.clip_low:
@@ -95,9 +102,60 @@ class WindowConfig:
     # ...and fill free slots of workers still busy with a legacy version with new prompts of
     # that version, where the version window's deadline allows (more stale data, less idling).
     fill_legacy: bool = False
+    # The stability governor (core/governor.py): after each step, K is lowered (halved) when
+    # a signal passes its limit and raised by one after `governor_calm_steps` calm steps,
+    # between the two bounds; starts at max_staleness. Off: K stays max_staleness.
+    governor: bool = False
+    governor_min_staleness: int = 0
+    governor_max_staleness: int | None = None  # None: max_staleness (K never above the start)
+    governor_calm_steps: int = 5  # calm steps in a row before K goes up by one
+    # The limits; None: that signal is not judged. A signal the trainer did not report in a
+    # step is not judged either (no signal is not a calm one).
+    governor_max_mismatch_kl: float | None = 0.01  # trainer vs rollout k3 KL, per token
+    governor_max_mismatch_abs: float | None = None  # largest |log-prob difference|
+    governor_max_masked_fraction: float | None = 0.05  # tokens the correction masked
+    governor_min_ess: float | None = 0.5  # importance weights' normalised ESS, in [0, 1]
+    governor_max_clip_fraction: float | None = None  # tokens PPO's clip cut
+    governor_min_entropy: float | None = None  # the policy's token entropy
 
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.max_staleness", self.max_staleness, 0)
         check_range(f"{prefix}.max_inflight_prompts", self.max_inflight_prompts, 0)
         check_range(f"{prefix}.max_started_per_sync", self.max_started_per_sync, 0)
         check_choice(f"{prefix}.refill", self.refill, REFILLS)
+        self._validate_governor(prefix)
+
+    @property
+    def governor_bounds(self) -> tuple[int, int]:
+        """The K range the governor keeps to: (lowest, highest)."""
+        high = self.max_staleness if self.governor_max_staleness is None \
+            else self.governor_max_staleness
+        return self.governor_min_staleness, high
+
+    @property
+    def highest_staleness(self) -> int:
+        """The largest K the run may use: max_staleness, or the governor's upper bound when it
+        may raise K above its start (what sizes the groups in flight, and what the colocated
+        check refuses)."""
+        return max(self.max_staleness, self.governor_bounds[1] if self.governor else 0)
+
+    def _validate_governor(self, prefix: str) -> None:
+        check_range(f"{prefix}.governor_min_staleness", self.governor_min_staleness, 0)
+        if self.governor_max_staleness is not None:
+            check_range(f"{prefix}.governor_max_staleness", self.governor_max_staleness, 0)
+        check_range(f"{prefix}.governor_calm_steps", self.governor_calm_steps, 1)
+        for name in ("mismatch_kl", "mismatch_abs", "masked_fraction", "clip_fraction"):
+            key = f"governor_max_{name}"
+            if (limit := getattr(self, key)) is not None:
+                check_range(f"{prefix}.{key}", limit, 0)
+        if self.governor_min_ess is not None:
+            check_range(f"{prefix}.governor_min_ess", self.governor_min_ess, 0, 1)
+        if self.governor_min_entropy is not None:
+            check_range(f"{prefix}.governor_min_entropy", self.governor_min_entropy, 0)
+        low, high = self.governor_bounds
+        # the governor starts at max_staleness, so it must lie within the bounds
+        if self.governor and not low <= self.max_staleness <= high:
+            raise contradiction(
+                f"{prefix}.max_staleness ({self.max_staleness}) is where the governor starts; "
+                f"it must lie within [{prefix}.governor_min_staleness, "
+                f"{prefix}.governor_max_staleness] = [{low}, {high}]")

@@ -9,7 +9,9 @@ weights) plus replayed groups (ReFlow's replay cycle: at most floor(sigma*B), we
 lag <= delta), then publishes the new weights to every rollout worker and lets the assignment
 move legacy-version work off the workers the new version needs (DORA). Streaming itself
 (workers, store, scoring, migration) is `rollout.StreamingRollout`. The ledger records every
-group's lifecycle: the proof that each prompt was trained exactly once as fresh data.
+group's lifecycle: the proof that each prompt was trained exactly once as fresh data. With
+`window.governor`, the stability governor (`governor.py`) reads each step's record and sets K
+for the groups dispatched after it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..tasks.prompts import Prompt, PromptQueue, PromptSet
 from .idle import IdleWatch
 from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
+from .governor import Governor, Signals
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
 from .requests import Purpose
@@ -108,24 +111,32 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.fresh_per_step = self.replay.fresh_slots(self.settings.loop.batch_prompts)
+        # the stability governor sets the window's K after each step (`window.governor`)
+        self.governor = Governor.from_config(self.settings.window) \
+            if self.settings.window.governor else None
 
     @property
     def version(self) -> int:
         """The trainer's policy version: the number of training steps taken."""
         return self.window.version
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, Any]:
         """The loop's own part of a checkpoint (`run_state.py` takes the rest from its
-        collaborators): the id the next new group gets."""
+        collaborators): the id the next new group gets, and the governor's K when it is on."""
         next_id = next(self._ids)  # a count cannot be read without taking a value: put it back
         self._ids = itertools.count(next_id)
-        return {"next_group_id": next_id}
+        return {"next_group_id": next_id,
+                **({"governor": self.governor.state()} if self.governor else {})}
 
-    def restore(self, state: dict[str, int], requeued: list[Group]) -> None:
+    def restore(self, state: dict[str, Any], requeued: list[Group]) -> None:
         """Go on from `state`; `requeued`: groups a resume hands back (their output was not
-        kept), generated again before any new prompt."""
+        kept), generated again before any new prompt. The governor goes on from its saved K (a
+        checkpoint without one, or a resume with the governor off, starts from the config's)."""
         self._ids = itertools.count(state["next_group_id"])
         self._requeued.extend(requeued)
+        if self.governor is not None and state.get("governor"):
+            self.governor.restore(state["governor"])
+            self.window.set_max_staleness(self.governor.k)
 
     async def run(self) -> dict[str, Any]:
         """Steps up to `loop.steps`; a controller restored from a checkpoint (`run_state`)
@@ -170,6 +181,7 @@ class Controller:
                    if getattr(self.reward, "first_error", None) else {}),
                 "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
                 **({"stopped_early": stopped} if stopped else {}),
+                **({"governor": self._governor_report()} if self.governor else {}),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
                 **({"stray_results": dict(self.rollout.stray)} if self.rollout.stray else {}),
@@ -178,6 +190,11 @@ class Controller:
                 **({"elastic": report} if (report := self.elastic.report()) else {}),
                 **({"adaptive": report} if isinstance(self.elastic, NoElastic) and
                    (report := self.elastic.adaptive.report()) else {})}
+
+    def _governor_report(self) -> dict[str, Any]:
+        actions = [m.get("governor_action") for m in self.history]
+        return {"k": self.governor.k, "lowered": actions.count("lower"),
+                "raised": actions.count("raise")}
 
     def _routing_report(self) -> dict[str, Any]:
         stats = self.rollout.router.stats()
@@ -206,12 +223,22 @@ class Controller:
             self.version, hold=self.rollout.holding()))
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
-        # DORA: the new version's share of workers, before its prompts are dispatched.
-        await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         record = step_record(self.version, fresh, replayed, rollout_metrics, train_metrics,
                              self.window.running, (t0, t1, t2, t3))
+        record |= self._govern(record)
+        # DORA: the new version's share of workers, before its prompts are dispatched.
+        await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         record |= await self._boundary(record)
         return record | RolloutCounters.of(self.rollout).since(before)
+
+    def _govern(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The governor's K from this step's signals, for the groups dispatched from now on
+        (those in flight keep their deadlines: `VersionWindow.set_max_staleness`)."""
+        if self.governor is None:
+            return {}
+        decision = self.governor.decide(Signals.of(record))
+        self.window.set_max_staleness(decision.k)
+        return decision.metrics()
 
     async def _boundary(self, record: dict[str, Any]) -> dict[str, Any]:
         """The elastic pool's and the adaptive scheduler's turn, after the step's weight sync;

@@ -18,7 +18,7 @@ import torch
 
 from ..protocol import TrainBatch
 from .config import AlgorithmConfig
-from .losses import PolicyLoss, make_policy_loss
+from .losses import PolicyLoss, effective_sample_size, make_policy_loss
 from .update_passes import OLD, PROXIMAL, REFERENCE, forward_passes
 
 Gradients = dict[str, torch.Tensor]
@@ -64,7 +64,10 @@ class PolicyUpdate:
     def __init__(self, algorithm: AlgorithmConfig, *, mini_batches: int = 1) -> None:
         self.loss = make_policy_loss(clip_low=algorithm.clip_low, clip_high=algorithm.clip_high,
                                      kl_coef=algorithm.kl_coef, tis_cap=algorithm.tis_cap,
-                                     dual_clip=algorithm.dual_clip)
+                                     dual_clip=algorithm.dual_clip,
+                                     correction=algorithm.correction,
+                                     correction_low=algorithm.correction_low,
+                                     correction_high=algorithm.correction_high)
         self.decoupled = algorithm.decoupled
         self.mini_batches = mini_batches
         # which log-prob passes run besides the optimizer steps: decided in update_passes.py,
@@ -96,7 +99,7 @@ class PolicyUpdate:
             metrics.update(engine.train_step(batch, self.loss, extra_tokens=replica_tokens,
                                              external_grads=_noting(replicas, metrics),
                                              logprobs_out=current))
-            return {**logprob_mismatch(batch, current), **metrics}
+            return {**logprob_mismatch(batch, current), **with_ess(metrics)}
         current = engine.compute_logprobs(batch)  # the weights before this update
         metrics = logprob_mismatch(batch, current)
         size = -(-len(batch) // chunks) if len(batch) else 0
@@ -109,10 +112,11 @@ class PolicyUpdate:
                                       if index in self._proximal_passes else current[rows])
             step = engine.train_step(part, self.loss, extra_tokens=replica_tokens,
                                      external_grads=_noting(replicas, metrics))
-            # means over the mini-batches; a count (skipped_updates) adds up
-            metrics.update({k: (v if k == "skipped_updates" else v / chunks)
-                            + metrics.get(k, 0.0) for k, v in step.items()})
-        return metrics
+            # means over the mini-batches; a count (skipped_updates) adds up, a maximum stays one
+            metrics.update({k: max(v, metrics.get(k, v)) if is_maximum(k) else
+                            (v if k == "skipped_updates" else v / chunks) + metrics.get(k, 0.0)
+                            for k, v in step.items()})
+        return with_ess(metrics)
 
     def replica_gradients(self, batch: TrainBatch, replica: GradientSource, total_tokens: int,
                           ) -> tuple[Gradients, dict[str, float]]:
@@ -132,6 +136,21 @@ def logprob_mismatch(batch: TrainBatch, current: torch.Tensor) -> dict[str, floa
     diff = (current.cpu() - batch.old_logprobs)[mask].abs()
     return {"mismatch_abs_max": float(diff.max()), "mismatch_abs_sum": float(diff.sum()),
             "mismatch_tokens": float(mask.sum())}
+
+
+def is_maximum(name: str) -> bool:
+    """A metric that is a maximum (`mismatch_max_abs`, `*_max`): reduced with max, never
+    averaged (the training engines follow the same naming)."""
+    return name.endswith("_max") or "_max_" in name
+
+
+def with_ess(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` plus the importance weights' `is_ess`, derived from their reduced token means
+    (an ESS of the whole step, not a mean of per-micro-batch ESS)."""
+    if "is_ratio_sq_mean" not in metrics:  # a loss or engine that does not report them
+        return metrics
+    return {**metrics, "is_ess": effective_sample_size(metrics["is_ratio_mean"],
+                                                        metrics["is_ratio_sq_mean"])}
 
 
 def _noting(replicas: ReplicaShare | None, metrics: dict[str, float]

@@ -29,6 +29,13 @@ K >= 1 is asynchronous / multi-version rollout. A mode is a value of K, not a co
 A worker failure hands its group back (`requeue`): the slot is freed and the group is dispatched
 again later, at the then-current version, so the bound still holds.
 
+K may change while the run goes (`set_max_staleness`: the stability governor, core/governor.py).
+A group keeps the deadline it was dispatched with, so lowering K drops, repeats or strands
+nothing already admitted: those groups are trained by their own deadline, as before, and only new
+admissions get the new bound. Every rule above is therefore written over deadlines, not over
+dispatch version + K (with a fixed K the two are the same); the feasibility checks run up to the
+latest deadline of any untaken group.
+
 How much may be in flight is bounded in one of the ways the published systems define it:
 
 - K (`max_staleness`) bounds the versions between a group's dispatch and its training (DORA's
@@ -80,13 +87,16 @@ class VersionWindow:
         self.accepted = 0  # groups collected, ever (a consumed slot stays consumed)
         self.taken = False  # whether this version's batch has been handed out (until advance)
         # group -> dispatch version, in dispatch order, from dispatch until taken for training
-        # (or requeued).
+        # (or requeued); and its deadline: the last trainer version that may train it
+        # (dispatch version + the K in force at its dispatch)
         self._dispatch_version: dict[str, int] = {}
-        # of those, per dispatch version: what capacity and take_batch count (kept, not
-        # recounted, as they are asked at every dispatch and collected group)
-        self._untaken_per_version: Counter[int] = Counter()
+        self._deadline: dict[str, int] = {}
+        # of those, per deadline: what capacity and take_batch count (kept, not recounted, as
+        # they are asked at every dispatch and collected group)
+        self._untaken_per_deadline: Counter[int] = Counter()
         self._running: set[str] = set()
-        self._running_per_version: Counter[int] = Counter()
+        self._running_per_version: Counter[int] = Counter()  # which weights rollout still needs
+        self._running_per_deadline: Counter[int] = Counter()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -99,16 +109,19 @@ class VersionWindow:
         """How many more groups may be dispatched now to generate with `version` (default: the
         current one). Older versions are admitted only while their deadline is still ahead of
         the trainer and the schedule stays feasible."""
-        k, b = self.max_staleness, self.batch_groups
+        b = self.batch_groups
         version = self.version if version is None else version
-        if version > self.version or (version < self.version and version + k <= self.version):
+        new_deadline = version + self.max_staleness
+        if version > self.version or (version < self.version and new_deadline <= self.version):
             return 0  # a future version, or one whose groups would be due at this very step
         # Each step from now to `deadline` trains B groups: those due by then must fit (the
-        # current step no longer counts once its batch is taken).
+        # current step no longer counts once its batch is taken). The room is least at the new
+        # group's deadline or at a later deadline already held (in between, it only grows).
         steps_from_now = 1 - self.taken
         by_deadline = min((deadline - self.version + steps_from_now) * b
                           - self._untaken_due_by(deadline)
-                          for deadline in range(version + k, self.version + k + 1))
+                          for deadline in {new_deadline, *(d for d in self._untaken_per_deadline
+                                                           if d > new_deadline)})
         room = min(self.max_concurrent - self.running, by_deadline)
         if self.max_started_per_sync:
             room = min(room, self.max_started_per_sync - self.started_this_sync)
@@ -128,9 +141,15 @@ class VersionWindow:
         """Versions between the policy that generated the group and the trainer's current one."""
         return self.version - self._record(group_id)
 
+    def deadline(self, group_id: str) -> int:
+        """The last trainer version that may train the group (fixed at its dispatch)."""
+        self._record(group_id)
+        return self._deadline[group_id]
+
     def live_versions(self) -> set[int]:
         """Versions some rollout must still host: those of running groups, plus the current one.
-        At most K + 1 consecutive versions (`advance` keeps it so)."""
+        At most K + 1 consecutive versions, K the largest in force while they were dispatched
+        (`advance` keeps it so)."""
         return set(self._running_per_version) | {self.version}
 
     def retirable(self, version: int) -> bool:
@@ -138,19 +157,20 @@ class VersionWindow:
         version and no running group generates with it."""
         return version < self.version and version not in self._running_per_version
 
-    def check_trainable(self, dispatch_version: int) -> None:
-        """Raise if a group generated at `dispatch_version` is too stale to train now (C3)."""
-        lag = self.version - dispatch_version
-        if lag > self.max_staleness:
-            raise StalenessError(f"a group from version {dispatch_version} is {lag} versions "
-                                 f"behind trainer version {self.version}; the bound is "
-                                 f"max_staleness = {self.max_staleness}")
+    def check_trainable(self, group_id: str) -> None:
+        """Raise if the group is too stale to train now: past its deadline (C3)."""
+        self._check_deadline(self._record(group_id), self._deadline[group_id])
 
     def can_advance(self) -> bool:
-        """Whether the next version keeps every running group within K of the trainer."""
-        if not self._running_per_version:
-            return True
-        return self.version + 1 - min(self._running_per_version) <= self.max_staleness
+        """Whether the next version keeps every running group within its deadline (its K)."""
+        return not self._running_per_deadline or \
+            self.version + 1 <= min(self._running_per_deadline)
+
+    def set_max_staleness(self, k: int) -> None:
+        """K for groups dispatched from now on. Groups already dispatched keep their deadlines:
+        lowering K drops, repeats or strands none of them (module docstring)."""
+        check_range("max_staleness", k, 0)
+        self.max_staleness = k
 
     # -- protocol ------------------------------------------------------------------------------
 
@@ -168,10 +188,13 @@ class VersionWindow:
                 f"version {self.version}, max_staleness {self.max_staleness}, batch_groups "
                 f"{self.batch_groups}, started this sync {self.started_this_sync}/"
                 f"{self.max_started_per_sync or 'unbounded'}")
+        deadline = version + self.max_staleness
         self._dispatch_version[group_id] = version
-        self._untaken_per_version[version] += 1
+        self._deadline[group_id] = deadline
+        self._untaken_per_deadline[deadline] += 1
         self._running.add(group_id)
         self._running_per_version[version] += 1
+        self._running_per_deadline[deadline] += 1
         self.started_this_sync += 1
         return version
 
@@ -189,33 +212,33 @@ class VersionWindow:
         self.started_this_sync = max(0, self.started_this_sync - 1)
 
     def take_batch(self) -> list[str] | None:
-        """The next training batch: the B collected groups with the earliest deadlines (oldest
-        version first, then dispatch order), or None while fewer than B are collected or while
-        taking them would leave a group (running or not) unable to make its deadline."""
-        b, k = self.batch_groups, self.max_staleness
+        """The next training batch: the B collected groups with the earliest deadlines (then
+        dispatch order), or None while fewer than B are collected or while taking them would
+        leave a group (running or not) unable to make its deadline."""
+        b = self.batch_groups
         # collected = dispatched, not running (every running group is dispatched): counted
         # before listing them, as this is asked at every collected group
         if len(self._dispatch_version) - len(self._running) < b:
             return None
-        # the batch is the B oldest collected groups: what each version gives to it, and what
-        # it leaves behind, follow from the counts per version (groups are listed only once
-        # the batch may be taken)
-        left = Counter(self._untaken_per_version)  # dispatch version -> groups left behind
+        # the batch is the B collected groups due first: what each deadline gives to it, and
+        # what it leaves behind, follow from the counts per deadline (groups are listed only
+        # once the batch may be taken)
+        left = Counter(self._untaken_per_deadline)  # deadline -> groups left behind
         need = b
-        for version in sorted(left):
-            chosen = min(need, left[version] - self._running_per_version[version])
-            left[version] -= chosen
+        for deadline in sorted(left):
+            chosen = min(need, left[deadline] - self._running_per_deadline[deadline])
+            left[deadline] -= chosen
             need -= chosen
         due = 0
-        for j in range(k + 1):  # left behind and due (dispatch version + K) by step version + j
-            due += left.get(self.version + j - k, 0)
-            if due > j * b:
+        for deadline in sorted(left):  # left behind and due by step `deadline`: j = deadline -
+            due += left[deadline]      # version steps after this one take them
+            if due > (deadline - self.version) * b:
                 return None
         collected = [g for g in self._dispatch_version if g not in self._running]
-        collected.sort(key=self._dispatch_version.__getitem__)  # stable: dispatch order within
+        collected.sort(key=self._deadline.__getitem__)  # stable: dispatch order within
         batch = collected[:b]
         for group_id in batch:
-            self.check_trainable(self._forget(group_id))
+            self._check_deadline(*self._forget(group_id))
         self.taken = True
         return batch
 
@@ -223,11 +246,15 @@ class VersionWindow:
         """The trainer finished a step: the policy version moves on. Refuses while a running
         group would fall more than K versions behind: wait for it, or requeue it."""
         if not self.can_advance():
-            oldest = min(self._running_per_version)
+            due = min(self._running_per_deadline)
+            versions = sorted({self._dispatch_version[g] for g in self._running
+                               if self._deadline[g] == due})
             raise StalenessError(
                 f"cannot advance to version {self.version + 1}: "
-                f"{self._running_per_version[oldest]} running group(s) from version {oldest} "
-                f"would exceed max_staleness = {self.max_staleness}; collect or requeue them")
+                f"{self._running_per_deadline[due]} running group(s) from version "
+                f"{', '.join(map(str, versions))} must be trained by version {due} "
+                f"(max_staleness = {due - versions[0]} at their dispatch); collect or requeue "
+                "them")
         self.version += 1
         self.taken = False
         # verl's reset at a parameter sync: what is still in flight counts against the new
@@ -256,16 +283,23 @@ class VersionWindow:
 
     def _untaken_due_by(self, deadline: int) -> int:
         """Groups dispatched and not yet taken (running or collected) due by step `deadline`."""
-        last_version = deadline - self.max_staleness
-        return sum(n for v, n in self._untaken_per_version.items() if v <= last_version)
+        return sum(n for d, n in self._untaken_per_deadline.items() if d <= deadline)
 
-    def _forget(self, group_id: str) -> int:
-        """The group is no longer dispatched (taken for training, or requeued): its version."""
+    def _check_deadline(self, dispatch_version: int, deadline: int) -> None:
+        """C3: training now must not be past the group's deadline."""
+        if self.version > deadline:
+            raise StalenessError(f"a group from version {dispatch_version} is "
+                                 f"{self.version - dispatch_version} versions behind trainer "
+                                 f"version {self.version}; the bound is max_staleness = "
+                                 f"{deadline - dispatch_version} (at its dispatch)")
+
+    def _forget(self, group_id: str) -> tuple[int, int]:
+        """The group is no longer dispatched (taken for training, or requeued): its version
+        and deadline."""
         version = self._dispatch_version.pop(group_id)
-        self._untaken_per_version[version] -= 1
-        if not self._untaken_per_version[version]:
-            del self._untaken_per_version[version]
-        return version
+        deadline = self._deadline.pop(group_id)
+        _decrement(self._untaken_per_deadline, deadline)
+        return version, deadline
 
     def _record(self, group_id: str) -> int:
         try:
@@ -278,7 +312,12 @@ class VersionWindow:
         if group_id not in self._running:
             raise VersionWindowError(f"cannot {verb} group {group_id!r}: it is not running")
         self._running.remove(group_id)
-        version = self._dispatch_version[group_id]
-        self._running_per_version[version] -= 1
-        if not self._running_per_version[version]:
-            del self._running_per_version[version]
+        _decrement(self._running_per_version, self._dispatch_version[group_id])
+        _decrement(self._running_per_deadline, self._deadline[group_id])
+
+
+def _decrement(counts: Counter[int], key: int) -> None:
+    """One fewer under `key`; an empty key is dropped (its presence is what min() reads)."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]

@@ -1,6 +1,8 @@
 """`eddy report <run_dir>`: PNG plots of a finished (or running) `eddy train` run from its
 metrics.jsonl and trace.json, into <run_dir>/report/: reward and held-out accuracy against
-time, accelerator idle ratio by role, the staleness histogram, the worker timeline."""
+time, accelerator idle ratio by role, the staleness histogram, the worker timeline, and with
+the stability governor on, its K over time (governor.png; each move and its reason in
+report.json)."""
 
 from __future__ import annotations
 
@@ -173,6 +175,9 @@ def report(run_dir: str | Path) -> dict[str, Any]:
     written = [_reward_plot(rows, seconds, unit, unit_s, out / "reward.png"),
                _staleness_plot(rows, out / "staleness.png")]
     result: dict[str, Any] = {"run_dir": str(run_dir), "steps": rows[-1].get("step", 0)}
+    if any("governor_k" in row for row in rows):
+        written.append(_governor_plot(rows, seconds, unit, unit_s, out / "governor.png"))
+        result["governor"] = governor_moves(rows)
     if trace is not None:
         idle = idle_by_role(trace)
         if idle:
@@ -207,6 +212,39 @@ def _reward_plot(rows, seconds, unit: str, unit_s: float, path: Path) -> Path:
     top.set_title("reward and held-out accuracy")
     for axis in (top, bottom):
         axis.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def governor_moves(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The governor's last K and every step where it moved K, with its reason."""
+    decided = [row for row in rows if "governor_k" in row]
+    return {"k": decided[-1]["governor_k"],
+            "moves": [{"step": row.get("step"), "action": row.get("governor_action"),
+                       "k": row["governor_k"], "reason": row.get("governor_reason")}
+                      for row in decided if row.get("governor_action") in ("lower", "raise")]}
+
+
+def _governor_plot(rows, seconds, unit: str, unit_s: float, path: Path) -> Path:
+    """K against time, a marker where the governor lowered or raised it."""
+    import matplotlib.pyplot as plt
+
+    points = [(t / unit_s, r["governor_k"], r.get("governor_action"))
+              for t, r in zip(seconds, rows) if "governor_k" in r]
+    fig, axis = plt.subplots(figsize=(9, 3.5))
+    axis.step([t for t, _, _ in points], [k for _, k, _ in points], where="post",
+              color="tab:orange")
+    for action, label, marker, color in (("lower", "K lowered", "v", "tab:red"),
+                                         ("raise", "K raised", "^", "tab:green")):
+        moved = [(t, k) for t, k, a in points if a == action]
+        if moved:
+            axis.scatter(*zip(*moved), marker=marker, color=color, label=label, zorder=3)
+    axis.set_ylabel("K (max staleness)")
+    axis.set_xlabel(f"{unit} since the run started")
+    axis.set_title("stability governor: K for the groups dispatched after each step")
+    axis.yaxis.get_major_locator().set_params(integer=True)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize="small")
+    axis.grid(alpha=0.3)
     return _save(fig, path)
 
 

@@ -147,7 +147,7 @@ def test_advance_refuses_to_strand_a_running_group_beyond_k():
     assert window.can_advance()
     window.advance()
     with pytest.raises(StalenessError, match="2 versions behind"):
-        window.check_trainable(window.dispatch_version("slow"))
+        window.check_trainable("slow")
 
 
 @pytest.mark.parametrize("k,b,max_concurrent,seed", [
@@ -323,3 +323,92 @@ def test_randomized_legacy_dispatch_and_completion_order_keep_c3(k, b, seed):
                 assert window.can_advance()
                 window.advance()
     assert window.version > 200 and worst == k
+
+
+def test_lowering_k_keeps_the_deadlines_of_groups_already_admitted():
+    # K = 2 admits three batches at version 0, all due by step 2; lowering K to 0 must neither
+    # drop them nor make them untrainable: they are trained by their own deadline, and new
+    # groups are admitted only once the old ones leave room for a K = 0 batch.
+    window = VersionWindow(max_staleness=2, batch_groups=1, max_concurrent=8)
+    for g in "abc":
+        window.dispatch(g)
+    window.set_max_staleness(0)
+    assert window.capacity() == 0, "the step's one slot is a's, b's or c's"
+    assert window.deadline("c") == 2
+    for step, g in enumerate("abc"):
+        window.collect(g)
+        assert window.take_batch() == [g]
+        window.advance()
+        assert window.capacity() == (1 if step == 2 else 0)
+    window.dispatch("d")  # version 3, K = 0: due at once
+    assert window.deadline("d") == 3
+    window.set_max_staleness(3)
+    assert window.deadline("d") == 3, "raising K does not move an admitted group's deadline"
+    assert window.capacity() == 3  # (3 + 1) steps x 1 - d
+
+
+def test_after_lowering_k_the_earliest_deadline_trains_first_whatever_its_k():
+    window = VersionWindow(max_staleness=1, batch_groups=1, max_concurrent=8)
+    window.dispatch("slow")  # K = 1: due by step 1
+    window.set_max_staleness(0)
+    window.dispatch("a")  # K = 0: due at step 0, and step 1 still has slow's slot
+    assert window.capacity() == 0
+    window.collect("slow")
+    assert window.take_batch() is None, "a is due now: slow must not go first"
+    assert not window.can_advance(), "a would pass its deadline"
+    window.collect("a")
+    assert window.take_batch() == ["a"]
+    window.advance()
+    assert window.take_batch() == ["slow"]  # at lag 1, its own bound
+    window.advance()
+    window.dispatch("b")  # version 2, K = 0
+    with pytest.raises(StalenessError, match=r"from version 2 must be trained by version 2 "
+                                             r"\(max_staleness = 0 at their dispatch\)"):
+        window.advance()
+
+
+@pytest.mark.parametrize("k_max,b,seed", [(2, 2, 0), (3, 1, 1), (4, 3, 2), (1, 2, 3)])
+def test_randomized_k_changes_lose_repeat_and_strand_nothing(k_max, b, seed):
+    """K changes at random (the governor) while groups admitted under other Ks are in flight:
+    each is trained within the K in force at its dispatch, none twice, none lost; once dispatch
+    stops, everything in flight is trained (a lowered K never stalls the trainer)."""
+    rng = random.Random(seed)
+    window = VersionWindow(max_staleness=k_max, batch_groups=b, max_concurrent=(k_max + 1) * b)
+    bound: dict[str, int] = {}  # group -> the K in force at its dispatch
+    born: dict[str, int] = {}
+    trained: list[str] = []
+    lowered_with_old_in_flight = 0
+    for step in range(6000):
+        running = window.running_groups()
+        action = rng.random()
+        if action < 0.05:
+            new_k = rng.randrange(k_max + 1)
+            lowered_with_old_in_flight += new_k < window.max_staleness and bool(born)
+            window.set_max_staleness(new_k)
+        elif action < 0.45 and window.capacity():
+            born[f"g{step}"] = window.dispatch(f"g{step}")
+            bound[f"g{step}"] = window.max_staleness
+        elif action < 0.8 and running:
+            window.collect(rng.choice(running))
+        else:
+            batch = window.take_batch()
+            if batch is None and not running and len(born) >= b:
+                pytest.fail("everything collected, yet no feasible batch")
+            if batch is not None:
+                for g in batch:
+                    assert window.version - born.pop(g) <= bound[g], g
+                trained += batch
+                assert window.can_advance()
+                window.advance()
+    # drain: no new dispatch; collect everything, then whole batches train what is left
+    for g in window.running_groups():
+        window.collect(g)
+    while len(born) >= b:
+        batch = window.take_batch()
+        assert batch is not None, f"stalled with {len(born)} collected groups"
+        for g in batch:
+            assert window.version - born.pop(g) <= bound[g], g
+        trained += batch
+        window.advance()
+    assert len(trained) == len(set(trained)) and window.version > 200
+    assert lowered_with_old_in_flight > 20  # the case under test happened

@@ -1,4 +1,4 @@
-"""The version window keeps its untaken groups counted per dispatch version (for speed: the
+"""The version window keeps its untaken groups counted per deadline (for speed: the
 simulator asks for capacity and a batch at every dispatch and collected group). These tests
 check the counts against a window that recounts everything from its records at each question,
 as the window did before: same capacity at every version, same batch or refusal, through
@@ -13,29 +13,39 @@ from eddyrl.core.version_window import VersionWindow
 
 
 class RecountingWindow(VersionWindow):
-    """The reference: `_untaken_due_by` and `take_batch` recount the groups every time."""
+    """The reference: capacity, `_untaken_due_by` and `take_batch` recount the groups from their
+    deadlines every time, checking every step up to the latest deadline."""
 
     def _untaken_due_by(self, deadline: int) -> int:
-        last_version = deadline - self.max_staleness
-        return sum(1 for v in self._dispatch_version.values() if v <= last_version)
+        return sum(1 for d in self._deadline.values() if d <= deadline)
+
+    def capacity(self, version: int | None = None) -> int:
+        version = self.version if version is None else version
+        new_deadline = version + self.max_staleness
+        if version > self.version or (version < self.version and new_deadline <= self.version):
+            return 0
+        last = max([new_deadline, *self._deadline.values()])
+        by_deadline = min((d - self.version + 1 - self.taken) * self.batch_groups
+                          - self._untaken_due_by(d) for d in range(new_deadline, last + 1))
+        return max(0, min(self.max_concurrent - self.running, by_deadline))
 
     def take_batch(self) -> list[str] | None:
-        b, k = self.batch_groups, self.max_staleness
+        b = self.batch_groups
         collected = [g for g in self._dispatch_version if g not in self._running]
         if len(collected) < b:
             return None
-        collected.sort(key=self._dispatch_version.__getitem__)
+        collected.sort(key=self._deadline.__getitem__)
         batch = collected[:b]
         chosen = set(batch)
-        left = Counter(self._dispatch_version[g] + k for g in self._dispatch_version
-                       if g not in chosen)
+        left = Counter(d for g, d in self._deadline.items() if g not in chosen)
         due = 0
-        for j in range(k + 1):
+        for j in range(max(left, default=self.version) - self.version + 1):
             due += left.get(self.version + j, 0)
             if due > j * b:
                 return None
         for group_id in batch:
-            self.check_trainable(self._dispatch_version.pop(group_id))
+            self.check_trainable(group_id)
+            self._forget(group_id)
         self.taken = True
         return batch
 
@@ -54,7 +64,11 @@ def test_counted_window_answers_as_the_recounting_one(k, b, max_concurrent, seed
         running = window.running_groups()
         action = rng.random()
         version = window.version - rng.randrange(k + 1)
-        if action < 0.45 and window.capacity(version):
+        if action < 0.02:  # K changes while groups admitted under another K are in flight
+            new_k = rng.randrange(k + 1)
+            for w in windows:
+                w.set_max_staleness(new_k)
+        elif action < 0.45 and window.capacity(version):
             group = queued.pop(0) if queued else f"g{step}"
             assert [w.dispatch(group, version=version) for w in windows] == [version] * 2
         elif action < 0.75 and running:

@@ -45,7 +45,8 @@ def assert_ranks_take_one_ranks_steps(expected, ranks) -> None:
     weights close; rank 1 receives no full weights."""
     assert all(weights == {} for _, weights in ranks[1])  # only rank 0 receives full weights
     for step, ((want_metrics, want), (got_metrics, got)) in enumerate(zip(expected, ranks[0])):
-        for key in ("loss", "grad_norm", "tokens", "clip_fraction", "kl_ref"):
+        for key in ("loss", "grad_norm", "tokens", "clip_fraction", "kl_ref",
+                    "mismatch_max_abs", "mismatch_kl", "is_ratio_mean", "is_ratio_sq_mean"):
             tolerance = 1e-5 * max(1.0, abs(want_metrics[key]))
             assert abs(got_metrics[key] - want_metrics[key]) <= tolerance, (step, key)
             assert ranks[1][step][0][key] == got_metrics[key], (step, key)  # ranks agree

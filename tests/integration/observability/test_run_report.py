@@ -95,3 +95,20 @@ def test_idle_ratio_from_a_simulator_trace_agrees_with_the_simulator(tmp_path):
     idle = idle_by_role(Trace.load(str(tmp_path / "trace.json")))
     assert idle["rollout"]["idle_ratio"] == pytest.approx(summary["rollout_idle"], abs=0.01)
     assert len(idle["rollout"]["workers"]) == summary["rollout_instances"]
+
+
+def test_a_governed_run_gets_its_k_plot_and_moves(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path, trace=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+            if line.endswith("}")]
+    for row, (k, action) in zip(rows[1:], [(2, "hold"), (1, "lower"), (1, "hold"), (1, "hold"),
+                                           (2, "raise")]):
+        row.update(governor_k=k, governor_action=action, governor_reason=f"{action} reason")
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report" / "governor.png").stat().st_size > 5000
+    result = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert result["governor"]["k"] == 2
+    assert [(m["step"], m["action"]) for m in result["governor"]["moves"]] == \
+        [(2, "lower"), (5, "raise")]
