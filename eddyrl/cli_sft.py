@@ -100,6 +100,11 @@ def add_sft_parser(sub) -> None:
     g.add_argument("--intermediate-size", type=int, metavar="N",
                    help="its MLP width (default: 3 x --hidden-size)")
     g.add_argument("--layers", type=int, metavar="N", help="its number of layers (default: 4)")
+    g.add_argument("--experts", type=int, metavar="N",
+                   help="make it a mixture of experts (a Qwen3-MoE, models/tiny_moe.py): N "
+                   "experts per layer, 2 routed per token, --intermediate-size then each "
+                   "expert's width (default 3 x --hidden-size / 2); eddyrl/assets/moe_warmstart "
+                   "was made with 4 (default: dense, no experts)")
     p.set_defaults(func=cmd_sft)
 
 
@@ -108,7 +113,8 @@ def cmd_sft(ns: argparse.Namespace) -> int:
 
     # each source's own flags, refused with the other (argparse cannot say "only with")
     bundled = [f for f in ("task", "early_stop_fraction", "no_tool_fraction", "hidden_size",
-                           "intermediate_size", "layers") if getattr(ns, f) is not None]
+                           "intermediate_size", "layers", "experts")
+               if getattr(ns, f) is not None]
     from_file = [f for f in ("model", "data", "prompt_key", "response_key", "max_length",
                              "overflow", "eval_fraction", "epochs") if getattr(ns, f) is not None]
     if ns.data is not None or ns.model is not None:
@@ -149,14 +155,16 @@ def _sft_device(ns: argparse.Namespace, threads: int | None):
 def _sft_bundled(ns: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .models.tiny import TinyModelConfig
+    from .models.tiny_moe import TinyMoeConfig
     from .tasks.builtin import BUILTIN_TASKS
     from .tasks.sft import check_stop_at, run_sft
 
     steps = _or(ns.steps, 1000)
     _, task, _ = BUILTIN_TASKS[_or(ns.task, "arith")]  # the task's default settings, as train's
     try:  # before any work, in the command's own words
-        model_config = TinyModelConfig.of_size(_or(ns.hidden_size, 128), _or(ns.layers, 4),
-                                               ns.intermediate_size)
+        size = (_or(ns.hidden_size, 128), _or(ns.layers, 4), ns.intermediate_size)
+        model_config = TinyModelConfig.of_size(*size) if ns.experts is None \
+            else TinyMoeConfig.of_size(*size, num_experts=ns.experts)
     except ValueError as error:
         raise ConfigError(f"eddy sft: {error}") from None
     try:

@@ -10,6 +10,7 @@ Every package may import this module and it imports none of them, so `core/`, `e
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal, Sequence
 
@@ -17,6 +18,39 @@ if TYPE_CHECKING:
     import torch
 
 # ---- generation: the inference-engine contract's request and result ---------------------
+
+@dataclass(slots=True)
+class RoutedExperts:
+    """The experts a mixture-of-experts model routed each input token to: [tokens, layers,
+    top_k] expert ids, flat and row-major in `ids`, -1 where unknown. Row t is token t of
+    prompt + response *as an input*; a response's last token is never an input (nothing
+    after it is computed), so a finished trajectory has len(prompt) + len(response) - 1
+    rows. One byte per id (`array('b')`) up to 128 experts, two (`'h'`) beyond: a 4-layer
+    top-2 trajectory of 1,000 tokens is 8 kB (engines/inference/routing.py records it)."""
+
+    layers: int
+    top_k: int
+    ids: array
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids) // max(self.layers * self.top_k, 1)
+
+    def head(self, tokens: int) -> "RoutedExperts":
+        """Its first `tokens` rows."""
+        return RoutedExperts(self.layers, self.top_k,
+                             self.ids[:tokens * self.layers * self.top_k])
+
+    def as_tensor(self) -> torch.Tensor:
+        """[tokens, layers, top_k] int8 or int16, as stored (torch imported here: this
+        module loads none when imported)."""
+        import torch
+
+        dtype = torch.int8 if self.ids.typecode == "b" else torch.int16
+        flat = torch.frombuffer(bytearray(self.ids.tobytes()), dtype=dtype) if self.ids \
+            else torch.zeros(0, dtype=dtype)
+        return flat.view(-1, self.layers, self.top_k)
+
 
 FinishReason = Literal["stop", "length", "abort", "refused", "progress"]
 
@@ -43,6 +77,10 @@ class GenerationRequest:
     resume_ids: list[int] = field(default_factory=list)
     resume_logprobs: list[float] = field(default_factory=list)
     resume_versions: list[int] = field(default_factory=list)
+    # The experts the prompt and resumed tokens were routed to where they were generated
+    # (`rollout.routing_replay`): kept, not recorded again, so every token keeps the routing
+    # its log-prob came from. None: not recorded.
+    resume_experts: RoutedExperts | None = None
     # The policy version that must generate it (C1), or None for whatever is loaded. Equal to
     # the hosted version: joins at once; newer: waits for running requests to drain, then runs
     # on the newest staged weights; older: refused (those weights are gone). Ignored with
@@ -77,6 +115,9 @@ class GenerationResult:
     # Which tokens are trained: 1 generated, 0 appended by an environment between turns (their
     # log-probs are placeholders). None: every token is generated (single-turn).
     loss_mask: list[int] | None = None
+    # `rollout.routing_replay`: the experts of every input token, prompt then response
+    # (RoutedExperts); None: not recorded (a dense model, or replay off)
+    routed_experts: RoutedExperts | None = None
 
     @property
     def finished(self) -> bool:
@@ -202,6 +243,10 @@ class TrainBatch:
     # [B] long, the prompt's length in each row: rows of one prompt share its forward pass
     # (engines/training/packing.py); None: unknown, every row runs on its own
     prompt_lengths: torch.Tensor | None = None
+    # [B, L, layers, top_k] int8/int16, the experts the rollout routed each input token to
+    # (aligned with input_ids), -1 where unknown: the trainer replays them
+    # (engines/training/routing_replay.py); None: no replay
+    routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

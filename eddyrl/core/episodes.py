@@ -141,7 +141,9 @@ class Episodes:
         t = run.state.transcript
         return GenerationResult(last.request_id, list(last.prompt_ids), list(t.token_ids),
                                 list(t.logprobs), list(t.versions), last.finish_reason,
-                                loss_mask=list(t.loss_mask))
+                                loss_mask=list(t.loss_mask),
+                                # the last turn's request saw the whole transcript as its prompt
+                                routed_experts=last.routed_experts)
 
     async def close(self, run: EpisodeRun) -> None:
         """Release the environment (an episode ended, or is restarted from scratch)."""

@@ -2,9 +2,11 @@
 it stopped, taken at a step boundary and written without pickle.
 
 Kept: the version and version window, the replay buffer (its groups with token ids, log-probs,
-versions and rewards: tensors in safetensors, the rest JSON), the ledger, the data position
-(epoch, prompts drawn from its permutation, prompts drawn and not yet handed out), the group id
-counter, the reward-error count, the step metrics so far, and this process's RNG state.
+versions, rewards and, with routing replay, routed experts: tensors in safetensors, the rest
+JSON), the ledger, the data position (epoch, prompts drawn from its permutation, prompts
+drawn and not yet handed out), the group id counter, the reward-error count, the step
+metrics so far, this process's RNG state, and the stability governor's K and calm count (when
+it is on).
 
 Not kept, on purpose: groups still generating, or collected and not yet trained, at the
 checkpoint. Their output is not saved; a resume puts them back in the queue under their own
@@ -27,7 +29,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..protocol import GenerationResult, Group, Trajectory
+from array import array
+
+from ..protocol import GenerationResult, Group, RoutedExperts, Trajectory
 from ..errors import ConfigError
 from .ledger import State
 
@@ -42,6 +46,9 @@ FORMAT = 1
 # GenerationResult's per-token lists, stored as flat tensors; every other field goes to JSON
 _RAGGED = {"prompt_ids": torch.int64, "token_ids": torch.int64, "logprobs": torch.float64,
            "versions": torch.int64, "loss_mask": torch.int64}
+# rollout routing replay's experts (RoutedExperts): their ids flat in one int16 tensor, their
+# shape and width in JSON beside the result's other fields
+_EXPERTS = "routed_experts"
 _UNFINISHED = (State.QUEUED, State.GENERATING, State.COLLECTED)
 
 
@@ -64,12 +71,14 @@ def capture(controller) -> RunState:
                          for entry, group in zip(replay["entries"], groups)]
     version, internal, gauss = random.getstate()
     tensors["rng.torch"] = torch.get_rng_state()
+    loop = controller.state()
     meta = {"format": FORMAT, "step": controller.history[-1]["step"],
             "seed": controller.settings.seed,
             "data": {"fingerprint": controller.train_prompts.fingerprint,
                      **controller.prompt_queue.state()},
             "window": controller.window.state(), "replay": replay,
-            "next_group_id": controller.state()["next_group_id"],
+            "next_group_id": loop["next_group_id"],
+            **({"governor": loop["governor"]} if "governor" in loop else {}),  # its K
             "reward_errors": controller.reward.errors, "history": list(controller.history),
             "rng": {"python": [version, list(internal), gauss]},
             "platforms": dict(controller.settings.platforms)}
@@ -99,6 +108,8 @@ def read(directory: Path) -> RunState:
         raise ConfigError(f"'{directory}': run state format {found!r}, this version of Eddy "
                           f"reads format {FORMAT}")
     _check_shape(where, STATE_FILE, meta, _META_SHAPE)
+    if "governor" in meta:  # written only with window.governor on
+        _check_shape(where, f"{STATE_FILE}'s governor", meta["governor"], {"k": int, "calm": int})
     _check_shape(where, LEDGER_FILE, ledger, {"step": int, "groups": dict})
     try:
         from .ledger import Ledger
@@ -207,7 +218,8 @@ def restore(controller, state: RunState) -> list[str]:
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state.tensors["rng.torch"])
     requeued = _requeue_unfinished(controller, state)
-    controller.restore({"next_group_id": meta["next_group_id"]}, requeued)
+    controller.restore({"next_group_id": meta["next_group_id"],
+                        "governor": meta.get("governor")}, requeued)
     return [group.group_id for group in requeued]
 
 
@@ -241,7 +253,8 @@ def _requeue_unfinished(controller, state: RunState) -> list[Group]:
 def _pack_groups(groups: list[Group]) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """Each group's scalars as JSON; every per-token list concatenated into one tensor per
     field (`replay.<field>`) with the lengths beside it (`replay.<field>.lengths`)."""
-    ragged: dict[str, list[list]] = {"group_prompt_ids": [], **{name: [] for name in _RAGGED}}
+    ragged: dict[str, list[list]] = {"group_prompt_ids": [], _EXPERTS: [],
+                                     **{name: [] for name in _RAGGED}}
     metas = []
     for group in groups:
         ragged["group_prompt_ids"].append(group.prompt_ids)
@@ -250,18 +263,22 @@ def _pack_groups(groups: list[Group]) -> tuple[list[dict], dict[str, torch.Tenso
             result = trajectory.result
             for name in _RAGGED:
                 ragged[name].append(getattr(result, name) or [])
+            experts = result.routed_experts
+            ragged[_EXPERTS].append(experts.ids.tolist() if experts is not None else [])
             trajectories.append({
                 **{f.name: getattr(trajectory, f.name) for f in fields(Trajectory)
                    if f.name != "result"},
                 "result": {f.name: getattr(result, f.name) for f in fields(GenerationResult)
-                           if f.name not in _RAGGED},
+                           if f.name not in _RAGGED and f.name != _EXPERTS},
+                "experts": None if experts is None else
+                [experts.layers, experts.top_k, experts.ids.typecode],
                 "has_loss_mask": result.loss_mask is not None})
         metas.append({**{f.name: getattr(group, f.name) for f in fields(Group)
                          if f.name not in ("prompt_ids", "trajectories")},
                       "trajectories": trajectories})
     tensors = {}
     for name, rows in ragged.items():
-        dtype = _RAGGED.get(name, torch.int64)
+        dtype = _RAGGED.get(name, torch.int16 if name == _EXPERTS else torch.int64)
         tensors[f"replay.{name}"] = torch.tensor([x for row in rows for x in row], dtype=dtype)
         tensors[f"replay.{name}.lengths"] = torch.tensor([len(row) for row in rows],
                                                          dtype=torch.int64)
@@ -270,7 +287,8 @@ def _pack_groups(groups: list[Group]) -> tuple[list[dict], dict[str, torch.Tenso
 
 def _unpack_groups(metas: list[dict], tensors: dict[str, torch.Tensor]) -> list[Group]:
     rows = {name: _split(tensors[f"replay.{name}"], tensors[f"replay.{name}.lengths"])
-            for name in ("group_prompt_ids", *_RAGGED)}
+            for name in ("group_prompt_ids", *_RAGGED, _EXPERTS)
+            if f"replay.{name}" in tensors}  # experts: none in a checkpoint from before them
     groups = []
     for meta in metas:
         trajectories = []
@@ -278,13 +296,20 @@ def _unpack_groups(metas: list[dict], tensors: dict[str, torch.Tensor]) -> list[
             lists = {name: next(rows[name]) for name in _RAGGED}
             if not saved["has_loss_mask"]:
                 lists["loss_mask"] = None
-            result = GenerationResult(**saved["result"], **lists)
-            trajectories.append(Trajectory(result, **{k: v for k, v in saved.items()
-                                                      if k not in ("result", "has_loss_mask")}))
+            ids = next(rows[_EXPERTS]) if _EXPERTS in rows else []
+            result = GenerationResult(**saved["result"], **lists,
+                                      routed_experts=_experts(saved.get("experts"), ids))
+            trajectories.append(Trajectory(result, **{
+                k: v for k, v in saved.items() if k not in ("result", "has_loss_mask", "experts")}))
         scalars = {k: v for k, v in meta.items() if k != "trajectories"}
         groups.append(Group(**scalars, prompt_ids=next(rows["group_prompt_ids"]),
                             trajectories=trajectories))
     return groups
+
+
+def _experts(shape: list | None, ids: list[int]) -> RoutedExperts | None:
+    """A saved trajectory's experts: [layers, top_k, typecode] and its flat ids."""
+    return None if shape is None else RoutedExperts(shape[0], shape[1], array(shape[2], ids))
 
 
 def _split(flat: torch.Tensor, lengths: torch.Tensor):

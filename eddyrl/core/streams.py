@@ -76,7 +76,9 @@ class Streams:
         return GenerationRequest(request.id, partial.prompt_ids, request.sampling,
                                  resume_ids=partial.token_ids,
                                  resume_logprobs=partial.logprobs,
-                                 resume_versions=partial.versions, version=request.version,
+                                 resume_versions=partial.versions,
+                                 resume_experts=partial.routed_experts,
+                                 version=request.version,
                                  report_at=self.report_at, priority=request.priority,
                                  purpose=purpose)
 

@@ -18,6 +18,8 @@ AttentionKind = Literal["auto", "mask", "varlen"]
 TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # inference engines whose KV cache is a pool of blocks sized once (`rollout.memory_fraction`)
 POOLED_KV_ENGINES = ("vllm",)
+# inference engines that record each token's experts for rollout routing replay
+ROUTING_ENGINES = ("hf", "vllm")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -48,6 +50,10 @@ class RolloutConfig:
     # gpu_memory_utilization) makes the engine take that much, weights included, and pool
     # what is left for KV blocks shared by the batch (paged: sequences hold what they use)
     memory_fraction: float = 0.0
+    # rollout routing replay (R3), mixture-of-experts models only: the engine records each
+    # token's experts and the trainer's forward routes it to them (engines/training/
+    # routing_replay.py), so rollout and trainer log-probs differ by numerics, not routing
+    routing_replay: bool = False
     # (partial_rollout, migrate, fill_legacy: the version window's, `window.*`)
 
     def validate(self, prefix: str) -> None:
@@ -76,6 +82,11 @@ class RolloutConfig:
         check_range(f"{prefix}.max_batch_size", self.max_batch_size, 1)
         check_choice(f"{prefix}.dtype", self.dtype, get_args(ParamDtypeKind))
         check_range(f"{prefix}.memory_fraction", self.memory_fraction, 0, 1)
+        if self.routing_replay and self.engine not in ROUTING_ENGINES:
+            raise ConfigError(
+                f"config key '{prefix}.routing_replay' = true needs an engine that records "
+                f"each token's experts; {prefix}.engine = {self.engine!r} does not (use "
+                f"{' or '.join(map(repr, ROUTING_ENGINES))}, or set it to false)")
         if self.memory_fraction and self.engine not in POOLED_KV_ENGINES:
             raise ConfigError(
                 f"config key '{prefix}.memory_fraction' = {self.memory_fraction} needs a paged "
@@ -86,8 +97,11 @@ class RolloutConfig:
         """The inference engine's memory keyword arguments (every engine takes them):
         `max_model_len`, the run's longest sequence (data.max_prompt_tokens + max_new_tokens),
         bounds requests and, for vllm, the context and KV cache it starts with."""
-        return {"dtype": TORCH_DTYPE_NAMES[self.dtype], "max_model_len": max_model_len,
-                "memory_fraction": self.memory_fraction}
+        options = {"dtype": TORCH_DTYPE_NAMES[self.dtype], "max_model_len": max_model_len,
+                   "memory_fraction": self.memory_fraction}
+        if self.routing_replay:  # only then: an engine that cannot record never sees it
+            options["record_routing"] = True
+        return options
 
 
 @dataclass(kw_only=True, slots=True)

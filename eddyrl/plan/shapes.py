@@ -140,7 +140,9 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     qk_norm, qkv_bias = FAMILIES[model_type]
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
     head_dim = config.get("head_dim") or hidden // heads
-    num_experts = int(config.get("num_experts") or 0)
+    # transformers 5 writes a Qwen3-MoE's expert count as num_local_experts (its attribute
+    # num_experts maps to it); Qwen's own config.json files say num_experts
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     moe = {}
     if num_experts:
         moe = dict(num_experts=num_experts, experts_per_token=int(need("num_experts_per_tok")),

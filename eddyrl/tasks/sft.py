@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from eddyrl.models.tiny import TinyModelConfig, build_tiny_model, build_tokenizer
+from eddyrl.models.tiny_moe import TinyMoeConfig, build_tiny_moe_model, load_balancing
 from eddyrl.tasks.arith import (
     ArithTaskConfig,
     demonstration,
@@ -213,7 +214,9 @@ def run_sft(
     check_stop_at(stop_at, steps)
     started = time.monotonic()
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed, model_config).to(device)
+    # a TinyMoeConfig (a TinyModelConfig with experts) makes the mixture-of-experts policy
+    build = build_tiny_moe_model if isinstance(model_config, TinyMoeConfig) else build_tiny_model
+    model = build(tokenizer, seed, model_config).to(device)
     with_tool = isinstance(task, tool_task.ToolTaskConfig)
     with_cipher = isinstance(task, cipher.CipherTaskConfig)
     generate = (tool_task.generate_rows if with_tool
@@ -235,7 +238,8 @@ def run_sft(
                 yield (tool_demonstration_batch if with_tool else demonstration_batch)(
                     tokenizer, rows, device, stop_early)
 
-    losses = train_steps(model, demonstrations(), steps=steps, lr=lr, stop_at=stop_at)
+    with load_balancing(model):  # a MoE's loss includes its load-balancing loss
+        losses = train_steps(model, demonstrations(), steps=steps, lr=lr, stop_at=stop_at)
     loss_value = losses[-1]
     accuracy = None
     if with_cipher:

@@ -19,6 +19,11 @@ trajectories continue on the new version, and every token records the version th
 Those rules are the version gate's (versions.py); each chunk of a call asks it to start.
 An update may also be LoRA's low-rank factors alone (`train.lora`, engines/low_rank.py): the
 engine merges them onto the weights it had before the first such update.
+
+With `record_routing` (`rollout.routing_replay`, a MoE model) every forward's router choices
+are kept per row (routing.py): the prefill's for the prompt and resumed tokens (left padding
+dropped; resumed tokens keep the experts they came with), each decode step's for the token it
+fed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterable
 
 import torch
@@ -36,10 +41,11 @@ from ...hal import Platform
 from .base import (InferenceEngine, OutputSoFar, check_request, engine_dtype,
                    longest_request)
 from ...models.config import weights_kwargs
-from ...protocol import EngineStats, GenerationRequest, GenerationResult
+from ...protocol import EngineStats, GenerationRequest, GenerationResult, RoutedExperts
 from .kv_cache import buffered_cache
 from .. import low_rank
 from .lean_decode import LeanDecoder
+from .routing import ExpertRecorder, as_routed, input_rows, with_carried
 from .sampling import sample
 from .stop_strings import watcher
 from .versions import VersionGate, call_version, wait_for_admission
@@ -51,25 +57,43 @@ DEAD_ROWS_BEFORE_COMPACTION = 0.25
 
 @dataclass
 class _Row(OutputSoFar):
+    # routing replay: the id array type, or None when not recording; then the experts of
+    # each input token, in chunks as the forward passes ran ([n, layers, top_k] each)
+    typecode: str | None = None
+    experts: list[torch.Tensor] = field(default_factory=list)
+
     def result(self, reason: str) -> GenerationResult:
         return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
-                                self.tokens, self.logprobs, self.versions, reason)
+                                self.tokens, self.logprobs, self.versions, reason,
+                                routed_experts=self._routed())
 
     def progress(self) -> GenerationResult:
         """A snapshot: the row keeps growing after it is reported."""
         return GenerationResult(self.request.request_id, list(self.request.prompt_ids),
                                 list(self.tokens), list(self.logprobs), list(self.versions),
-                                "progress")
+                                "progress", routed_experts=self._routed())
+
+    def _routed(self) -> RoutedExperts | None:
+        """The experts of every input token so far: the sampled last token has not been fed
+        (routing.py), so prompt + tokens - 1 rows. A row that never ran keeps what it came
+        with."""
+        if self.typecode is None or not self.experts:
+            return self.request.resume_experts
+        rows = input_rows(len(self.request.prompt_ids), len(self.tokens))
+        return as_routed(torch.cat(self.experts)[:rows], self.typecode)
 
 
 class HFInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
                  max_batch_size: int = 256, version: int = 0,
                  partial_rollout: bool = False, dtype: str = "float32",
-                 max_model_len: int | None = None, memory_fraction: float = 0.0) -> None:
+                 max_model_len: int | None = None, memory_fraction: float = 0.0,
+                 record_routing: bool = False) -> None:
         """`dtype`: the weights' and KV cache's (`rollout.dtype`); `max_model_len`: the
         longest request taken (the run's longest sequence); `memory_fraction` must be 0: the
-        KV cache grows with the batch, there is no pool to size."""
+        KV cache grows with the batch, there is no pool to size. `record_routing`
+        (`rollout.routing_replay`): each result carries the experts its tokens were routed
+        to (routing.py); refused on a model without expert routers."""
         if memory_fraction:
             raise ValueError(f"memory_fraction = {memory_fraction}: the hf engine's KV cache "
                              "grows with the batch; only 0 is allowed")
@@ -80,8 +104,10 @@ class HFInferenceEngine(InferenceEngine):
                                                      dtype=engine_dtype(platform, dtype),
                                                      **weights_kwargs(model_path))
         self.model = platform.apply_model_patches(model).to(self.device).eval()
-        # decode steps without transformers' per-module Python, where it reproduces them
-        lean = LeanDecoder.for_model(self.model)
+        self._recorder = ExpertRecorder(self.model) if record_routing else None
+        # decode steps without transformers' per-module Python, where it reproduces them (and
+        # not while recording routing: its steps bypass the routers' hooks)
+        lean = LeanDecoder.for_model(self.model) if self._recorder is None else None
         self._lean = lean if lean is not None and lean.matches_transformers(self.device) \
             else None
         self.max_positions = longest_request(
@@ -138,7 +164,9 @@ class HFInferenceEngine(InferenceEngine):
             for request in chunk:  # its weights are gone: the caller places it elsewhere
                 yield _Row(request).result("refused")
             return
-        rows = [_Row(r, stops=watcher(r.sampling.stop_strings, self.model_path)) for r in chunk]
+        typecode = self._recorder.typecode if self._recorder is not None else None
+        rows = [_Row(r, stops=watcher(r.sampling.stop_strings, self.model_path),
+                     typecode=typecode) for r in chunk]
         self._gate.started(len(rows))  # no await since the gate admitted them
         self._drained.clear()
         try:
@@ -181,6 +209,10 @@ class HFInferenceEngine(InferenceEngine):
                                for row in rows)
         state = {"mask": mask.to(self.device), "cache": buffered_cache(capacity)}
         logits = self._forward(ids.to(self.device), state)
+        if self._recorder is not None:  # each row's sequence, left padding dropped
+            for row, o, seq in zip(rows, owner, sequences):
+                row.experts.append(with_carried(state["routed"][o, width - len(seq):],
+                                                row.request.resume_experts))
         if len(distinct) < len(rows):
             index = torch.tensor(owner, device=self.device)
             state["cache"].batch_select_indices(index)
@@ -201,6 +233,8 @@ class HFInferenceEngine(InferenceEngine):
                                     past_key_values=state["cache"], use_cache=True,
                                     logits_to_keep=1).logits[:, -1, :]
             state["version"] = self._gate.token_version()  # the weights these logits came from
+            if self._recorder is not None:
+                state["routed"] = self._recorder.take(*ids.shape)
             self._busy += time.perf_counter() - started
         return logits
 
@@ -234,6 +268,9 @@ class HFInferenceEngine(InferenceEngine):
             self._aborted.discard(result.request_id)
         if keep:
             self._next_forward(state, [state["slots"][i] for i in keep], next_tokens[keep])
+            if self._recorder is not None:  # the token each live row just fed
+                for row, slot in zip(rows, state["slots"]):
+                    row.experts.append(state["routed"][slot])
         return notes + finished
 
     def _next_forward(self, state: dict, live: list[int], tokens: torch.Tensor) -> None:

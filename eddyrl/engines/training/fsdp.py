@@ -38,6 +38,7 @@ from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
 from .attention import attention_implementation
 from . import lora as lora_layers
+from . import routing_replay
 from .base import LossFn, TrainEngine
 from .checkpointing import apply_activation_checkpointing, check_checkpointing
 from .offload import (check_offload, fsdp_offload_policy, full_tensor,
@@ -88,6 +89,12 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
         if owner != name:
             aliases[name] = owner
     return aliases
+
+
+def _is_maximum(name: str) -> bool:
+    """A loss metric that is a maximum (`mismatch_max_abs`, `*_max`): reduced with max over
+    micro-batches and ranks; every other one is a token mean."""
+    return name.endswith("_max") or "_max_" in name
 
 
 class FSDPTrainEngine(TrainEngine):
@@ -144,6 +151,8 @@ class FSDPTrainEngine(TrainEngine):
         if self.lora is not None:
             lora_layers.add_adapters(model, self.lora)
         self._aliases = _aliases(model)
+        # R3: replays a batch's `routed_experts` in the routers; idle on batches without
+        self._replay = routing_replay.RoutingReplay(model)
         mp_policy = self._mixed_precision(_resolve_dtype(param_dtype))
         # checkpointing.py / offload.py: recompute in the backward, and what lives on the host
         apply_activation_checkpointing(model, _decoder_layers(model), activation_checkpointing)
@@ -185,7 +194,8 @@ class FSDPTrainEngine(TrainEngine):
         longest row, a prompt's rows sharing its forward), padded with empty ones (rows None)
         to the count of the busiest rank: FSDP forward/backward are collectives, so every rank
         must run the same number. At least one, so that a rank with no rows still takes part."""
-        mine = micro_batches(batch, self.micro_batch_size, share_prompts=self.share_prompts,
+        share = self.share_prompts and routing_replay.prompts_routed_alike(batch)
+        mine = micro_batches(batch, self.micro_batch_size, share_prompts=share,
                              varlen=self.varlen, max_packed_tokens=self.max_packed_tokens,
                              max_tokens=self.max_tokens_per_micro_batch)
         count = int(hd.all_reduce(torch.tensor([max(len(mine), 1)]), op="max").item())
@@ -202,6 +212,7 @@ class FSDPTrainEngine(TrainEngine):
         return TrainBatch(**row).select_columns(1)  # one position: it only keeps FSDP in step
 
     def _logprobs(self, micro: MicroBatch) -> TokenLogProbs:
+        self._replay.use(routing_replay.layout(micro))  # kept for a checkpointed recompute
         return micro_logprobs(self.root, micro, self.temperature, self.logprob_chunk_tokens)
 
     # ---- the contract -------------------------------------------------------------------
@@ -237,7 +248,7 @@ class FSDPTrainEngine(TrainEngine):
         # float64: a float32 count stops being exact past 2**24 tokens per step.
         local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
         total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item())) + extra_tokens
-        loss_sum, metric_sums = 0.0, {}
+        loss_sum, metric_sums, metric_maxima = 0.0, {}, {}
         if logprobs_out is not None:
             logprobs_out.zero_()  # positions after a micro-batch's cut: 0, as on padding
         for micro in self._micro_batches(batch):
@@ -254,7 +265,10 @@ class FSDPTrainEngine(TrainEngine):
             tokens = 0.0 if padding else float(micro.batch.loss_mask.sum())
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
-                metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens
+                if _is_maximum(name):
+                    metric_maxima[name] = max(value, metric_maxima.get(name, value))
+                else:
+                    metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens
             # the policy's entropy (at the sampler's temperature), a mean over loss tokens
             metric_sums["entropy"] = metric_sums.get("entropy", 0.0) + float(
                 (entropy.detach() * micro.batch.loss_mask).sum())
@@ -271,6 +285,11 @@ class FSDPTrainEngine(TrainEngine):
         out = {"loss": sums[0], "grad_norm": grad_norm, "tokens": float(total_tokens),
                "skipped_updates": float(nonfinite)}
         out.update({n: s / max(total_tokens, 1) for n, s in zip(names, sums[1:])})
+        if metric_maxima:  # every rank reports the same names (the loss's contract)
+            maxima = sorted(metric_maxima)
+            highest = hd.all_reduce(torch.tensor([metric_maxima[n] for n in maxima],
+                                                 dtype=torch.float64), op="max").tolist()
+            out.update(zip(maxima, highest))
         return out
 
     def _optimizer_step(self, total_tokens: int, loss_sum: float) -> tuple[float, bool]:

@@ -15,6 +15,7 @@ import torch
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...hal import Platform
+from . import routing_replay
 from .attention import attention_implementation
 from .base import LossFn
 from .packing import micro_batches, micro_logprobs, packs_prompts, place_rows
@@ -46,6 +47,8 @@ class GradientReplica:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch  # 0: by rows only
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.version = -1  # no weights fetched yet
+        # R3: replays a batch's `routed_experts` in the routers, as the core ranks do
+        self._replay = routing_replay.RoutingReplay(self.model)
 
     @torch.no_grad()
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
@@ -70,10 +73,12 @@ class GradientReplica:
         return out
 
     def _logprobs(self, micro):
+        self._replay.use(routing_replay.layout(micro))  # kept for a checkpointed recompute
         return micro_logprobs(self.model, micro, self.temperature, self.logprob_chunk_tokens)
 
     def _micro_batches(self, batch: TrainBatch):
-        return micro_batches(batch, self.micro_batch_size, share_prompts=self.share_prompts,
+        share = self.share_prompts and routing_replay.prompts_routed_alike(batch)
+        return micro_batches(batch, self.micro_batch_size, share_prompts=share,
                              varlen=self.varlen, max_packed_tokens=self.max_packed_tokens,
                              max_tokens=self.max_tokens_per_micro_batch)
 

@@ -24,7 +24,7 @@ def test_unknown_builtin_model_lists_the_builtins():
     with pytest.raises(ConfigError) as error:
         load_config(overrides=["model.path=builtin:tiny"])
     assert str(error.value) == ("config key 'model.path' = 'builtin:tiny': no built-in model "
-                                "'tiny'; built-in models: cipher_warmstart, tiny_warmstart")
+                                "'tiny'; built-in models: cipher_warmstart, moe_warmstart, tiny_warmstart")
 
 
 # Model directories made of files, no model built: the shipped tiny model's config.json and

@@ -98,6 +98,9 @@ def test_the_layerwise_reload_wraps_one_load_of_every_staged_tensor(monkeypatch)
         def load_weights(self, weights):
             calls.append(("load", [name for name, _ in weights]))
 
+        def modules(self):  # no MoE layer: nothing for the CPU experts' repack
+            return iter(())
+
     model = Model()
     monkeypatch.setattr(vllm_weights, "_layerwise_reload", lambda: (
         lambda m: calls.append(("begin", m)), lambda m, c: calls.append(("finish", m, c))))

@@ -76,6 +76,8 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch):
                     "eddyrl/assets/tiny_warmstart/config.json",
                     "eddyrl/configs/cipher_tiny.yaml",
                     "eddyrl/assets/cipher_warmstart/model.safetensors",
+                    "eddyrl/configs/moe_tiny.yaml",
+                    "eddyrl/assets/moe_warmstart/model.safetensors",
                     "eddyrl/platform_checks/contract.py", "eddyrl/platform_checks/runner.py"):
         assert shipped in names, shipped
 

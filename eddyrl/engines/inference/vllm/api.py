@@ -62,6 +62,9 @@ class VLLMApi:
     version: str
     engine_arg_names: frozenset[str]
     sleep_supported: bool  # vLLM's platform can free weights and KV cache (not its CPU backend)
+    # Triton: vLLM's Model Runner V2 needs it, and only that runner returns routed experts
+    # (routing replay); not in vLLM's CPU build
+    has_triton: bool = True
 
     @classmethod
     def detect(cls, platform: Platform) -> "VLLMApi":
@@ -76,7 +79,8 @@ class VLLMApi:
                 "vLLM build for that platform (its platform plug-in registers itself)")
         return cls(version=vllm.__version__,
                    engine_arg_names=frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs)),
-                   sleep_supported=bool(current_platform.is_sleep_mode_available()))
+                   sleep_supported=bool(current_platform.is_sleep_mode_available()),
+                   has_triton=_has_triton())
 
     def engine_args(self, **wanted) -> AsyncEngineArgs:
         """`AsyncEngineArgs` from the wanted values; an optional one this release lacks (e.g.
@@ -98,6 +102,12 @@ class VLLMApi:
         with _environ(env):
             return AsyncLLM.from_engine_args(args,
                                              stat_loggers=[_stats_tap(record_scheduler)])
+
+
+def _has_triton() -> bool:
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON)
 
 
 def _stats_tap(record: Callable[[object], None]):

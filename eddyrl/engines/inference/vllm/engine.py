@@ -48,6 +48,7 @@ from ....hal import WeightBucketSpec, Platform
 from . import transfer
 from ..base import InferenceEngine, check_request, engine_dtype, longest_request
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
+from ..routing import VLLM_ROUTING_ENV, check_vllm_routing
 from ..stop_strings import watcher
 from ..versions import VersionGate, call_version, wait_for_admission
 from .api import TokensPrompt, VLLMApi, kv_cache_args, sampling_params
@@ -63,11 +64,13 @@ class VLLMInferenceEngine(InferenceEngine):
     def __init__(self, model_path: str, platform: Platform, *, seed: int = 0,
                  max_batch_size: int = 256, version: int = 0, partial_rollout: bool = False,
                  dtype: str = "float32", max_model_len: int | None = None,
-                 memory_fraction: float = 0.0, kv_cache_bytes: int | None = None) -> None:
+                 memory_fraction: float = 0.0, kv_cache_bytes: int | None = None,
+                 record_routing: bool = False) -> None:
         """`dtype`: the weights' and KV cache's (`rollout.dtype`); `max_model_len`: the
         context vLLM starts with, the run's longest sequence (None: the model's positions);
         `memory_fraction`: the KV cache's sizing (`api.kv_cache_args`); `kv_cache_bytes`
-        overrides the exact size."""
+        overrides the exact size. `record_routing` (`rollout.routing_replay`): results carry
+        vLLM's routed experts (routing.py), refused where the release has none."""
         self.platform = platform
         self.model_path = model_path
         self.api = VLLMApi.detect(platform)
@@ -76,6 +79,10 @@ class VLLMInferenceEngine(InferenceEngine):
         self.max_positions = longest_request(int(config.get("max_position_embeddings", 1 << 30)),
                                              max_model_len)
         self._weight_names, self._known_names = weight_names(model_path, config)
+        # experts per layer while recording routing (0: not recording)
+        self._num_experts = check_vllm_routing(self.api.version, self.api.engine_arg_names,
+                                               config, self.api.has_triton) \
+            if record_routing else 0
         self.max_batch_size = max_batch_size
         # versions: hosted, staged in the worker, requests admitted on the hosted version
         self._gate = VersionGate(version, partial_rollout=partial_rollout)
@@ -105,10 +112,11 @@ class VLLMInferenceEngine(InferenceEngine):
             worker_extension_cls="eddyrl.engines.inference.vllm.transfer.WorkerExtension",
             **({"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes else kv_cache_args(
                 config, max_batch_size, self.max_positions, itemsize, memory_fraction)),
-            enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True)
+            enable_sleep_mode=self.api.sleep_supported, disable_log_stats=True,
+            **({"enable_return_routed_experts": True} if record_routing else {}))
         self._thread = LoopThread()  # vLLM's client objects are made on the loop they use
-        self._llm = self._thread.run(self.api.start(args, platform.inference_engine_env(),
-                                                    self._record_scheduler))
+        env = {**platform.inference_engine_env(), **(VLLM_ROUTING_ENV if record_routing else {})}
+        self._llm = self._thread.run(self.api.start(args, env, self._record_scheduler))
         self._receiving = False  # the workers joined a weight broadcast group
 
     def _record_scheduler(self, stats) -> None:
@@ -235,6 +243,8 @@ class VLLMInferenceEngine(InferenceEngine):
             params = sampling_params(request.sampling,
                                      request.sampling.max_new_tokens - len(trajectory.tokens))
             async for out in self._llm.generate(prompt, params, vid):
+                if out.finished and self._num_experts:  # vLLM sends them at the end only
+                    trajectory.keep_experts(out.outputs[0].routed_experts, self._num_experts)
                 if at_stop:
                     continue  # vLLM's tokens after a stop string: dropped, until its abort
                 completion = out.outputs[0]

@@ -17,13 +17,16 @@ from typing import Awaitable, Callable, Iterable
 
 import torch
 
+from .expert_weights import fused_names, repack_cpu_experts, split_experts
+
 PackedTensor = tuple[str, str, list[int], bytes]  # name, dtype, shape, raw bytes
 
 
 def weight_names(model_path: str, config: dict) -> tuple[frozenset[str], frozenset[str] | None]:
     """(names a weight update must bring, names it may bring; None: not checked): the
-    checkpoint's safetensors, plus a tied output head that the checkpoint leaves out. A
-    checkpoint in another format is not checked here (vLLM's reload warns of what it missed)."""
+    checkpoint's safetensors, plus a tied output head that the checkpoint leaves out, a MoE's
+    experts under the fused names the trainer sends (expert_weights.py). A checkpoint in
+    another format is not checked here (vLLM's reload warns of what it missed)."""
     from safetensors import safe_open
 
     names: set[str] = set()
@@ -32,6 +35,7 @@ def weight_names(model_path: str, config: dict) -> tuple[frozenset[str], frozens
             names.update(f.keys())
     if not names:
         return frozenset(), None
+    names = fused_names(names)
     tied = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
     return frozenset(names), frozenset(names | tied)
 
@@ -145,7 +149,8 @@ class WeightStaging:
         backend's weight repacking), which a bare `model.load_weights` would skip. One call
         with all tensors: a layer given only part of its weights would be processed
         half-loaded."""
-        weights = list(self.__dict__.pop("_eddy_staged", {}).items())
+        # a MoE's fused experts as the checkpoint's per-expert matrices (expert_weights.py)
+        weights = list(split_experts(self.__dict__.pop("_eddy_staged", {}).items()))
         layerwise = _layerwise_reload()
         strategy = strategy or reload_strategy(self, layerwise is not None)
         if strategy == "reload_weights":
@@ -157,6 +162,8 @@ class WeightStaging:
                 begin(model)
                 model.load_weights(weights)
                 finish(model, self.model_config)
+        # the CPU experts' prepack, which the reload skips (expert_weights.py)
+        repack_cpu_experts(getattr(getattr(self, "model_runner", None), "model", None))
         return len(weights)
 
     def eddy_torch_threads(self) -> int:
