@@ -1,6 +1,7 @@
 """The simulator against every published row it has a scenario for, in one invocation.
 
-    python bench/sim_fidelity.py [--rows PATTERN,...] [--steps 3] [--json FILE] [--list]
+    python bench/sim_fidelity.py [--rows PATTERN,...] [--steps 3] [--scale 0.5,1,2]
+                                 [--json FILE] [--list]
 
 For each row of each published table: the predicted step time (the steady steps of a simulated
 run of the row's scenario and policy: every step but the first, as `eddy bench sim` reports
@@ -8,6 +9,13 @@ them), the published one, the error, and the speed-up over the table's baseline 
 against published; per table, whether the modes rank in the published order. Prints how it was
 run first (date, command, steps, machine) and the wall time last. `--rows` takes row ids or
 shell patterns (`verl_7b_128/*`, `dora_64/partial`); `--list` prints the rows without running.
+
+`--scale 0.5,1,2` runs every selected row on its cluster scaled by each factor (every device
+count multiplied, kept a multiple of each role's tp: eddyrl/sim/scale.py; the batch and workload
+unchanged) and prints the predicted step time per scale side by side, with each step's ratio
+to the 1x one (to the first scale given, without 1): the check issue 35 makes of held-back
+rows at 2x and 0.5x, that the model scales by physics. The fidelity table is printed for scale
+1 only.
 
 The runs are the simulator's own (`eddyrl.sim.policies.policy_config` and
 `eddyrl.sim.runtime.simulate`, as `eddy bench sim` runs a policy); rows of one table that share
@@ -124,8 +132,25 @@ def select(patterns: str | None) -> list[Row]:
     return rows
 
 
-def simulate_row(row: Row, steps: int) -> tuple[float, dict[str, Any], float]:
-    """(steady step time, the run's numbers, wall seconds) of the row's scenario and policy."""
+def scale_overrides(row: Row, scale: float) -> list[str]:
+    """The overrides that put the row's cluster (its scenario with its own overrides) on
+    `scale` times the devices; none at 1."""
+    if scale == 1:
+        return []
+    from eddyrl.sim.config import load_scenario
+    from eddyrl.sim.scale import scale_overrides as scaled
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"window\.max_staleness = .* loop\.steps")
+        return scaled(load_scenario(row.scenario, list(row.overrides)), scale)
+
+
+def simulate_row(row: Row, steps: int, scale: float = 1.0
+                 ) -> tuple[float, dict[str, Any], float]:
+    """(steady step time, the run's numbers, wall seconds) of the row's scenario and policy,
+    on `scale` times its cluster. The numbers add the split the run had (`split`: rollout :
+    train devices, or the devices both roles share) and its steady steps' mean training phase
+    (`train_s`: the trainer's step, log-prob passes included)."""
     from eddyrl.sim.policies import policy_config, row as summary_row
     from eddyrl.sim.runtime import simulate
 
@@ -133,23 +158,30 @@ def simulate_row(row: Row, steps: int) -> tuple[float, dict[str, Any], float]:
     with warnings.catch_warnings():
         # a short run warns that K >= loop.steps bounds nothing more: true, and beside the point
         warnings.filterwarnings("ignore", message=r"window\.max_staleness = .* loop\.steps")
-        config = policy_config(row.scenario, [*row.overrides, f"loop.steps={steps}"],
-                               row.policy)
-        numbers = summary_row(simulate(config))
+        config = policy_config(row.scenario, [*row.overrides, *scale_overrides(row, scale),
+                                              f"loop.steps={steps}"], row.policy)
+        summary = simulate(config)
+    numbers = summary_row(summary)
+    sim = config.sim
+    numbers["split"] = (f"{sim.train.devices} shared" if config.cluster.placement == "colocated"
+                        else f"{sim.rollout.devices}:{sim.train.devices}")
+    steady = [m for m in summary["history"] if m.get("step", 0) > 0][1:]
+    numbers["train_s"] = sum(m.get("train_step_s", 0.0) for m in steady) / max(len(steady), 1)
     return numbers["step_s"], numbers, time.perf_counter() - began
 
 
-def run(rows: list[Row], steps: int, log=print) -> list[Result]:
+def run(rows: list[Row], steps: int, log=print, scale: float = 1.0) -> list[Result]:
     cache: dict[tuple, tuple[float, dict[str, Any], float]] = {}
     results = []
+    at = "" if scale == 1 else f" at {scale:g}x"
     for row in rows:
         key = (row.scenario, row.policy, tuple(sorted(row.overrides)))
         fresh = key not in cache
         if fresh:
-            cache[key] = simulate_row(row, steps)
+            cache[key] = simulate_row(row, steps, scale)
         step_s, numbers, wall_s = cache[key]
         results.append(Result(row, step_s, wall_s if fresh else 0.0, numbers))
-        log(f"# {row.id}: {'ran in %.0f s' % wall_s if fresh else 'same run as above'}")
+        log(f"# {row.id}{at}: {'ran in %.0f s' % wall_s if fresh else 'same run as above'}")
     return results
 
 
@@ -205,18 +237,54 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def parse_scales(text: str) -> list[float]:
+    """`0.5,1,2` -> [0.5, 1.0, 2.0]: positive factors, each once."""
+    try:
+        scales = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"--scale {text!r}: give factors separated by commas, e.g. "
+                         "0.5,1,2") from None
+    if not scales or any(not s > 0 for s in scales) or len(set(scales)) != len(scales):
+        raise SystemExit(f"--scale {text!r}: each factor once, each > 0, e.g. 0.5,1,2")
+    return scales
+
+
+def scaling_report(by_scale: dict[float, list[Result]]) -> str:
+    """Each row's predicted step (and training phase) at every scale, with its devices, and
+    the ratio of each step to the reference scale's (1, or the first given)."""
+    scales = list(by_scale)
+    reference = 1.0 if 1.0 in by_scale else scales[0]
+    others = [s for s in scales if s != reference]
+    lines = ["| row | policy | " + " | ".join(f"{s:g}x: devices, step s (train s)"
+                                               for s in scales)
+             + "".join(f" | step {s:g}x / {reference:g}x" for s in others) + " |",
+             "|---|---|" + "---|" * (len(scales) + len(others))]
+    for index, base in enumerate(by_scale[reference]):
+        cells = [f"{r.run['split']}, {r.predicted_step_s:.1f} ({r.run['train_s']:.1f})"
+                 for r in (by_scale[s][index] for s in scales)]
+        ratios = [f"{by_scale[s][index].predicted_step_s / base.predicted_step_s:.2f}"
+                  for s in others]
+        lines.append(f"| {base.row.id} | {base.row.policy} | " + " | ".join(cells)
+                     + "".join(f" | {r}" for r in ratios) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", help="row ids or patterns, comma-separated (default: all)")
     parser.add_argument("--steps", type=int, default=3,
                         help="simulated steps a run (the first fills the pipeline and is not "
                              "counted); default 3")
+    parser.add_argument("--scale", default="1", metavar="F,F,...",
+                        help="run every row on its cluster times each factor (e.g. 0.5,1,2) "
+                             "and print the step times side by side; default 1")
     parser.add_argument("--json", metavar="FILE", help="write the results here as JSON")
     parser.add_argument("--list", action="store_true", help="print the rows and exit")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: needs at least 2 (the first is not counted)")
     rows = select(args.rows)
+    scales = parse_scales(args.scale)
     if args.list:
         for row in rows:
             print(f"{row.id}: {row.scenario} / {row.policy} {' '.join(row.overrides)} "
@@ -227,21 +295,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bench/sim_fidelity.py, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"command: {command}")
     print(f"# loop.steps={args.steps} per run (steady steps: all but the first); "
-          f"{len(rows)} rows; {platform.node()}, python {platform.python_version()}")
-    results = run(rows, args.steps)
-    print(report(results))
+          f"{len(rows)} rows; scales {', '.join(f'{s:g}' for s in scales)}; "
+          f"{platform.node()}, python {platform.python_version()}")
+    by_scale = {scale: run(rows, args.steps, scale=scale) for scale in scales}
+    results = by_scale.get(1.0)
+    if results is not None:
+        print(report(results))
+    if len(scales) > 1:
+        print(scaling_report(by_scale))
     wall = time.perf_counter() - began
     print(f"# wall time {wall:.0f} s")
     if args.json:
-        speedups = _speedups(results)
         payload = {
             "date_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}", "command": command,
-            "steps": args.steps, "wall_s": wall, "target": TARGET,
-            "rows": [{**asdict(r.row), "id": r.row.id, "predicted_step_s": r.predicted_step_s,
-                      "error": r.error, "speedup_predicted": speedups[r.row.id][0],
-                      "speedup_published": speedups[r.row.id][1], "run_wall_s": r.wall_s,
-                      "run": r.run} for r in results],
-            "rankings": rankings(results)}
+            "steps": args.steps, "wall_s": wall, "target": TARGET}
+        if results is not None:
+            speedups = _speedups(results)
+            payload["rows"] = [
+                {**asdict(r.row), "id": r.row.id, "predicted_step_s": r.predicted_step_s,
+                 "error": r.error, "speedup_predicted": speedups[r.row.id][0],
+                 "speedup_published": speedups[r.row.id][1], "run_wall_s": r.wall_s,
+                 "run": r.run} for r in results]
+            payload["rankings"] = rankings(results)
+        if len(scales) > 1:
+            payload["scales"] = {f"{scale:g}": [
+                {"id": r.row.id, "predicted_step_s": r.predicted_step_s, "run": r.run}
+                for r in found] for scale, found in by_scale.items()}
         with open(args.json, "w") as handle:
             json.dump(payload, handle, indent=1, default=str)
     return 0

@@ -83,6 +83,14 @@ class EddyConfig:
                 f"batch of loop.batch_prompts = {self.loop.batch_prompts}; every step needs "
                 "fresh data (max_fraction < 1)")
         algo, window = self.algorithm, self.window
+        fresh = self.loop.batch_prompts - slots
+        if window.refill == "batch" and 0 < window.max_inflight_prompts < fresh:
+            raise contradiction(
+                f"window.refill = batch with window.max_inflight_prompts = "
+                f"{window.max_inflight_prompts} < the {fresh} fresh groups of a batch: "
+                "whole-batch refill dispatches a batch only when all of it fits in flight, so "
+                f"no batch would ever start; raise window.max_inflight_prompts to at least "
+                f"{fresh} or set window.refill = stream")
         if window.max_staleness > 0 and algo.dynamic_sampling and algo.max_refill_rounds > 0:
             raise contradiction(f"algorithm.max_refill_rounds = {algo.max_refill_rounds} with "
                                 f"window.max_staleness = {window.max_staleness}: refills are "
@@ -224,8 +232,12 @@ class EddyConfig:
         if self.train.mini_batches != 1:
             raise contradiction(
                 f"elastic.enabled = True with train.mini_batches = {self.train.mini_batches}: "
-                "a joined replica contributes to one optimizer step per RL step; set "
-                "train.mini_batches = 1")
+                "a rollout worker lent to training (engines/training/replica.py) holds the "
+                "weights of the last weight sync and no optimizer, and computes its share's "
+                f"gradients once per RL step; with {self.train.mini_batches} optimizer steps "
+                f"per RL step, steps 2..{self.train.mini_batches} run on weights it receives "
+                "only at the next weight sync, so its gradients would be stale; set "
+                "train.mini_batches = 1 or elastic.enabled = false")
         if self.algorithm.kl_coef > 0:
             raise contradiction(
                 f"elastic.enabled = True with algorithm.kl_coef = {self.algorithm.kl_coef}: a "

@@ -14,14 +14,9 @@ It models what makes rollout slow at scale, on the loop's (virtual) clock:
   notes at `report_at` lengths. The version rules are the gate's (engines/inference/versions.py),
   asked for each sequence as it would enter the batch; a sequence holds the hosted version from
   its first admission to its final result, preempted or waiting for a tool included;
-- **multi-turn episodes** (`episode_of`): a sequence that reaches one of its tool calls leaves
-  the batch, keeps its KV cache while the tool runs on the loop's clock (the engine is idle if
-  nothing else runs), then queues again at its rank with the observation appended to its
-  output, and pays only the prefill of the observation (its prefix is cached). When KV runs
-  out, the lowest-ranked holder gives it up: a running sequence is preempted, an idle one
-  (waiting for its tool, or queued after it) loses its cached prefix; either re-prefills its
-  whole context when admitted again (vLLM's prefix cache would evict least recently used
-  blocks instead of ranks, and keep no cache pinned);
+- **multi-turn episodes** (`episode_of`): a sequence at a tool call leaves the batch and keeps
+  its KV cache while the tool runs; when KV runs out the lowest-ranked holder gives it up
+  (sim/off_batch.py, `OffBatch`: the engine's part for sequences off the batch);
 - the **weight update as a pause**, in the order Eddy's `vllm` engine takes it
   (scheduler/rollout_cost.py `WeightUpdate`): the weights arrive while decoding goes on (the
   runtime's transfer), then between two steps the engine stops (partial rollout: every running
@@ -63,13 +58,14 @@ from ..scheduler.rollout_cost import WeightUpdate
 from ..engines.inference.base import InferenceEngine
 from ..engines.inference.versions import Admission, VersionGate
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
+from .off_batch import OffBatch
 from .sequence import SimSequence, ToolWaits, default_kv_capacity
 
 if TYPE_CHECKING:
     from .workload import ToolCall
 
 
-class SimInferenceEngine(InferenceEngine):
+class SimInferenceEngine(OffBatch, InferenceEngine):
     def __init__(self, cost: CostModel, *, length_of: Callable[[GenerationRequest], int],
                  correct_of: Callable[[GenerationRequest], bool], max_batch_size: int = 256,
                  kv_capacity_tokens: int | None = None, version: int = 0,
@@ -129,19 +125,6 @@ class SimInferenceEngine(InferenceEngine):
     @property
     def partial_rollout(self) -> bool:
         return self._gate.partial_rollout
-
-    @property
-    def tool_calls(self) -> int:
-        return self._tools.calls
-
-    @property
-    def tool_failures(self) -> int:
-        return self._tools.failures
-
-    @property
-    def tool_wait_s(self) -> float:
-        """Sum of the time sequences waited for tools."""
-        return self._tools.wait_s
 
     # ---- the contract ---------------------------------------------------------------------
     async def generate(self, requests: list[GenerationRequest]
@@ -419,73 +402,6 @@ class SimInferenceEngine(InferenceEngine):
             self._tools.cancel(seq)
             self._finish(seq, "abort")
         self._aborted.clear()
-
-    def _free_lowest(self) -> None:
-        """Free the KV of the lowest-ranked holder (the newest arrival when priorities tie, as
-        vLLM's FCFS scheduler does): recompute preemption of a running sequence, or the cache
-        of an idle one."""
-        idle = max(self._idle_holders(), key=lambda s: s.rank, default=None)
-        sid = max(self._running, key=lambda s: self._running[s].rank)
-        if idle is not None and idle.rank > self._running[sid].rank:
-            self._drop_cache(idle)
-            return
-        self._queue(self._stop(sid))  # it keeps holding the hosted version (`seq.hosted`)
-        self.preemptions += 1
-
-    def _make_room(self, tokens: int, rank: tuple[int, int]) -> bool:
-        """Whether `tokens` more fit in the KV cache, after dropping as many idle caches of
-        sequences ranked below `rank` as that takes (lowest first)."""
-        while self._kv_used() + tokens > self.kv_capacity_tokens:
-            below = [seq for seq in self._idle_holders() if seq.rank > rank]
-            if not below:
-                return False
-            self._drop_cache(max(below, key=lambda s: s.rank))
-        return True
-
-    def _idle_holders(self) -> list[SimSequence]:
-        return [seq for seq in [*self._tools, *self._waiting] if seq.cached]
-
-    def _drop_cache(self, seq: SimSequence, preempted: bool = True) -> None:
-        self._held_kv -= seq.cached
-        seq.cached = seq.carried = 0  # a migrated cache not yet landed is recomputed instead
-        self.preemptions += preempted
-
-    # ---- tools ------------------------------------------------------------------------------
-    def _arrive(self, seq: SimSequence) -> None:
-        """Queue a new sequence; a resumed one skips the calls it has passed, and one that
-        stopped while its tool ran calls it again."""
-        while seq.next_call < len(seq.calls) and self._call_step(seq) < seq.tokens:
-            seq.observed += seq.calls[seq.next_call].payload_tokens
-            seq.next_call += 1
-        if self._call_step(seq) != seq.tokens:
-            self._queue(seq)
-            return
-        versions = seq.request.resume_versions  # the answer's tokens carry the last version
-        seq.segments.append((versions[-1] if versions else self._gate.hosted, seq.tokens))
-        self._call_tool(seq)
-
-    def _call_step(self, seq: SimSequence) -> int:
-        """Output tokens at which it makes its next call (past the target if none is left)."""
-        if seq.next_call >= len(seq.calls):
-            return seq.target
-        return seq.calls[seq.next_call].at + seq.observed
-
-    def _call_tool(self, seq: SimSequence) -> None:
-        """It waits for the call's answer off the batch (keeping the KV cache and the version
-        the caller set)."""
-        self._tools.call(seq)
-
-    def _tool_answered(self, seq: SimSequence, payload: int) -> None:
-        """The observation joins its output; it queues again at its rank."""
-        before, seq.tokens = seq.tokens, min(seq.tokens + payload, seq.target)
-        seq.observed += payload
-        if any(before < length <= seq.tokens for length in seq.request.report_at):
-            seq.out.put_nowait(self._result(seq, "progress"))
-        if seq.tokens < seq.target:
-            self._queue(seq)
-            self._wake_server()
-        else:  # the answer reached max_new_tokens
-            self._finish(seq, seq.end_reason)
 
     def _queue(self, seq: SimSequence) -> None:
         bisect.insort(self._waiting, seq, key=lambda s: s.rank)

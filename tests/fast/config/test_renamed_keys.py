@@ -7,7 +7,7 @@ from eddyrl.config import load_config
 from eddyrl.config.loader import RENAMED
 from eddyrl.errors import ConfigError
 
-VALUES = {"window.max_staleness": 2, "window.max_inflight_prompts": 7,
+VALUES = {"window.max_staleness": 2, "window.max_inflight_prompts": 32,
           "window.refill": "stream", "window.partial_rollout": True,
           "window.migrate": False, "window.fill_legacy": True}
 

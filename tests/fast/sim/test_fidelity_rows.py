@@ -93,3 +93,29 @@ def test_each_scenario_runs_the_in_flight_bound_of_the_system_it_reproduces():
     dora = policy_config("dora_64", [], "async")  # Eddy's own: the registry's K = 3
     assert (dora.window.max_staleness, dora.window.max_inflight_prompts) == (3, 0)
     assert not dora.sim.train.rollout_logprobs
+
+
+def test_scales_parse_and_refuse_what_is_not_a_positive_factor_once():
+    assert fidelity.parse_scales("0.5,1,2") == [0.5, 1.0, 2.0]
+    for bad in ("0.5,x", "0,1", "-1", "1,1", ""):
+        with pytest.raises(SystemExit, match="--scale"):
+            fidelity.parse_scales(bad)
+
+
+def test_a_row_scales_from_its_own_cluster_size():
+    row = next(r for r in fidelity.ROWS if r.id == "verl_7b_32/fully_async")  # 16 : 16
+    assert fidelity.scale_overrides(row, 1) == []
+    assert fidelity.scale_overrides(row, 2)[:2] == ["sim.rollout.devices=32",
+                                                     "sim.train.devices=32"]
+
+
+def test_the_scaling_report_puts_scales_side_by_side_with_ratios_to_1x():
+    row = fidelity.Row("t", "async", "dora_64", "partial", 50.0, "s")
+    by_scale = {scale: [fidelity.Result(row, step, 0.0, {"split": split, "train_s": train})]
+                for scale, step, split, train in [(0.5, 300.0, "24:8", 200.0),
+                                                  (1.0, 200.0, "48:16", 100.0),
+                                                  (2.0, 150.0, "96:32", 50.0)]}
+    out = fidelity.scaling_report(by_scale)
+    assert ("| t/async | partial | 24:8, 300.0 (200.0) | 48:16, 200.0 (100.0) | "
+            "96:32, 150.0 (50.0) | 1.50 | 0.75 |") in out
+    assert "step 0.5x / 1x" in out and "step 2x / 1x" in out

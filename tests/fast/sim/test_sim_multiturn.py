@@ -166,3 +166,22 @@ def test_an_observation_that_reaches_max_new_tokens_ends_the_request_there():
     assert (result.finish_reason, len(result.token_ids), len(result.versions)) == \
         ("length", 250, 250)
     assert engine.stats().kv_cache_usage == 0.0
+
+
+def test_a_request_waiting_for_new_weights_starts_once_a_tool_answer_ends_the_last_holder():
+    # the old version's last holder ends inside its tool's answer (the observation reaches
+    # max_new_tokens), off the batch, while a request for the staged version waits for it to
+    # drain: the engine must wake and switch (it used to sleep on: libra_48 at 24:24, step 8)
+    engine = _engine({"a": 500, "b": 50}, {"a": (ToolCall(100, 5.0, 300),)})
+
+    async def scenario():
+        first = asyncio.ensure_future(_collect(engine, [_request("a", max_new=250, version=0)]))
+        await asyncio.sleep(1.0)  # "a" is waiting for its tool
+        await engine.load_weights(1)  # staged: "a" holds version 0
+        second = await _collect(engine, [_request("b", version=1)])
+        return await first, second
+
+    ((a,), (b,)), _ = run_virtual(scenario())
+    assert (a.finish_reason, len(a.token_ids), set(a.versions)) == ("length", 250, {0})
+    assert (b.finish_reason, len(b.token_ids), set(b.versions)) == ("stop", 50, {1})
+    assert engine.version == 1
