@@ -247,6 +247,10 @@ class TrainBatch:
     # (aligned with input_ids), -1 where unknown: the trainer replays them
     # (engines/training/routing_replay.py); None: no replay
     routed_experts: torch.Tensor | None = None
+    # [B] float in (0, 1]: the stability governor's scale of the off-policy correction's
+    # bounds in log-ratio space (each bound b applied as b ** scale: 1 the configured
+    # bounds, smaller ones narrower, core/losses.py); None: the configured bounds
+    correction_scale: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -96,8 +96,11 @@ class TrainProgress:
         if "tokens_per_s" in metrics:
             parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
         if "governor_k" in metrics:  # the stability governor's K, and its move this step
-            moved = {"lower": " (lowered)", "raise": " (raised)"}
+            moved = {"lower": " (lowered)", "raise": " (raised)", "narrow": " (bounds narrowed)",
+                     "widen": " (bounds widened)"}
             parts.append(f"K {metrics['governor_k']}{moved.get(metrics['governor_action'], '')}")
+            if metrics.get("governor_correction_scale", 1.0) != 1.0:
+                parts.append(f"bounds x{metrics['governor_correction_scale']:.2g}")
         self.progress.update(self.task, completed=step, status=" | ".join(parts))
         if "eval_accuracy" in metrics:
             self.console.print(f"step {step}: held-out accuracy {metrics['eval_accuracy']:.3f}",

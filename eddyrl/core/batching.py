@@ -11,13 +11,16 @@ from ..protocol import Group, TrainBatch, Trajectory
 
 
 def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool = True,
-                      weights: list[float] | None = None) -> TrainBatch:
+                      weights: list[float] | None = None,
+                      correction_scale: float | None = None) -> TrainBatch:
     """One row per trajectory: prompt + response, right-padded; log-probs and versions aligned
     so that position t describes token t (see `TrainBatch` in protocol.py). The loss mask is the response's
     own (`GenerationResult.loss_mask`: environment tokens of a multi-turn episode are 0, and
     like padding carry log-prob 0 and version -1 here). `weights` gives each group's loss
     weight (1 fresh, tau replayed); default 1. The experts a MoE rollout recorded (routing
-    replay) are aligned like `input_ids`: row t holds token t's, -1 where unknown."""
+    replay) are aligned like `input_ids`: row t holds token t's, -1 where unknown.
+    `correction_scale`: the governor's scale of the correction's bounds, on every row (None: the
+    configured bounds)."""
     rows = [(g, t) for g in groups for t in g.trajectories]
     weights = [1.0] * len(groups) if weights is None else weights
     if len(weights) != len(groups):
@@ -56,7 +59,9 @@ def build_train_batch(groups: list[Group], pad_id: int, *, normalize_std: bool =
                                                    for _ in g.trajectories], dtype=torch.float32),
                       versions=versions,
                       prompt_lengths=torch.tensor([len(g.prompt_ids) for g, _ in rows]),
-                      routed_experts=experts)
+                      routed_experts=experts,
+                      correction_scale=None if correction_scale is None else
+                      torch.full((len(rows),), float(correction_scale)))
 
 
 def _experts_tensor(rows: list[tuple[Group, Trajectory]], size: tuple[int, int]

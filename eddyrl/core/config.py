@@ -109,6 +109,10 @@ class WindowConfig:
     governor_min_staleness: int = 0
     governor_max_staleness: int | None = None  # None: max_staleness (K never above the start)
     governor_calm_steps: int = 5  # calm steps in a row before K goes up by one
+    # The correction's bounds as a second lever: the smallest scale s the governor may narrow
+    # them to, each bound b applied as b ** s (log-ratio space: 0.5 takes [0.5, 2] to
+    # [0.71, 1.41]). 1: the bounds stay as configured (core/governor.py says when it acts).
+    governor_min_correction_scale: float = 1.0
     # The limits; None: that signal is not judged. A signal the trainer did not report in a
     # step is not judged either (no signal is not a calm one).
     governor_max_mismatch_kl: float | None = 0.01  # trainer vs rollout k3 KL, per token
@@ -144,6 +148,8 @@ class WindowConfig:
         if self.governor_max_staleness is not None:
             check_range(f"{prefix}.governor_max_staleness", self.governor_max_staleness, 0)
         check_range(f"{prefix}.governor_calm_steps", self.governor_calm_steps, 1)
+        check_range(f"{prefix}.governor_min_correction_scale",
+                    self.governor_min_correction_scale, 0, 1, lo_open=True)
         for name in ("mismatch_kl", "mismatch_abs", "masked_fraction", "clip_fraction"):
             key = f"governor_max_{name}"
             if (limit := getattr(self, key)) is not None:

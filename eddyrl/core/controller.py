@@ -215,7 +215,8 @@ class Controller:
         if groups:
             weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
             batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
-                                     normalize_std=self.settings.algorithm.normalize_std)
+                                     normalize_std=self.settings.algorithm.normalize_std,
+                                     correction_scale=self._correction_scale())
             train_metrics = await self.runtime.train(batch, self.elastic.replicas())
         t2 = self.runtime.now()
         self.window.advance()
@@ -230,6 +231,13 @@ class Controller:
         await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         record |= await self._boundary(record)
         return record | RolloutCounters.of(self.rollout).since(before)
+
+    def _correction_scale(self) -> float | None:
+        """The governor's scale of the correction's bounds for this step's batch; None (the
+        configured bounds) without a governor or while it has not narrowed them."""
+        if self.governor is None or self.governor.scale == 1.0:
+            return None
+        return self.governor.scale
 
     def _govern(self, record: dict[str, Any]) -> dict[str, Any]:
         """The governor's K from this step's signals, for the groups dispatched from now on

@@ -13,6 +13,17 @@ The rule is additive-increase, multiplicative-decrease, within the user's bounds
 - no signal (the trainer reported none of the judged metrics, e.g. a step that trained
   nothing): hold, and the calm count neither grows nor resets. Absent data is never acted on.
 
+The correction's bounds are the second lever, used only with `governor_min_correction_scale`
+below 1: a scale s in [that minimum, 1] narrows them in log-ratio space (each bound b applied
+as b ** s, core/losses.py). K comes first because staleness is what the governor can remove;
+the bounds act where K cannot:
+
+- trouble that lowering K cannot answer (K already at its lowest, or every sample on-policy:
+  the mismatch is the engines' numerics, IcePop's case) halves s;
+- trouble in the masked fraction alone while s < 1 doubles s back instead (that masking is
+  the governor's own narrowing: narrowing further would feed on itself);
+- calm steps widen s back to 1 (doubling) before K goes up again.
+
 Lowering K never touches work already admitted: the window keeps each group's deadline from
 its own dispatch (`VersionWindow.set_max_staleness`), so the governor only shapes new admissions.
 
@@ -29,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .config import WindowConfig
 
-Action = Literal["lower", "raise", "hold"]
+Action = Literal["lower", "raise", "hold", "narrow", "widen"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +92,13 @@ class Decision:
     k: int
     action: Action
     reason: str
+    correction_scale: float = 1.0  # the correction's bounds for the steps ahead (see above)
 
     def metrics(self) -> dict[str, Any]:
         """The step's record of it (metrics.jsonl, the progress bar, `eddy report`)."""
         return {"governor_k": self.k, "governor_action": self.action,
-                "governor_reason": self.reason}
+                "governor_reason": self.reason,
+                "governor_correction_scale": self.correction_scale}
 
 
 # config key -> (signal, whether the limit is an upper one)
@@ -99,15 +112,19 @@ _LIMIT_KEYS = {"governor_max_mismatch_kl": ("mismatch_kl", True),
 
 class Governor:
     def __init__(self, k: int, lowest: int, highest: int, calm_steps: int,
-                 limits: list[Limit]) -> None:
+                 limits: list[Limit], min_scale: float = 1.0) -> None:
         if not 0 <= lowest <= k <= highest:
             raise ValueError(f"the governor's K = {k} must lie within its bounds "
                              f"[{lowest}, {highest}], lowest >= 0")
         if calm_steps < 1:
             raise ValueError(f"calm_steps = {calm_steps}: at least 1")
+        if not 0 < min_scale <= 1:
+            raise ValueError(f"min_scale = {min_scale}: within (0, 1]")
         self.k, self.lowest, self.highest = k, lowest, highest
         self.calm_steps = calm_steps
         self.limits = limits
+        self.min_scale = min_scale
+        self.scale = 1.0  # the correction's bounds: 1 as configured, smaller narrower
         self.calm = 0  # calm steps in a row since K last changed or trouble was seen
 
     @classmethod
@@ -116,51 +133,78 @@ class Governor:
         limits = [Limit(signal, getattr(window, key), upper)
                   for key, (signal, upper) in _LIMIT_KEYS.items()
                   if getattr(window, key) is not None]
-        return cls(window.max_staleness, lowest, highest, window.governor_calm_steps, limits)
+        return cls(window.max_staleness, lowest, highest, window.governor_calm_steps, limits,
+                   window.governor_min_correction_scale)
 
     def decide(self, signals: Signals) -> Decision:
         """K for the steps ahead, from this step's signals."""
         judged = [(limit, value) for limit in self.limits
                   if (value := getattr(signals, limit.signal)) is not None]
         if not judged:
-            return Decision(self.k, "hold", "no signal: none of the judged metrics reported")
-        breaches = [limit.describe(value) for limit, value in judged if limit.breached(value)]
-        if breaches:
+            return self._decision("hold", "no signal: none of the judged metrics reported")
+        breached = [limit for limit, value in judged if limit.breached(value)]
+        if breached:
             self.calm = 0
-            return self._lower(", ".join(breaches), signals.largest_lag)
+            trouble = ", ".join(limit.describe(getattr(signals, limit.signal))
+                                for limit in breached)
+            if self.scale < 1 and {b.signal for b in breached} == {"correction_masked_fraction"}:
+                return self._widen(f"{trouble}: the narrowed bounds mask too much")
+            return self._lower(trouble, signals.largest_lag)
         self.calm += 1
+        if self.scale < 1:  # the bounds widen back before K goes up
+            if self.calm < self.calm_steps:
+                return self._decision("hold", f"calm {self.calm}/{self.calm_steps}")
+            self.calm = 0
+            return self._widen(f"calm for {self.calm_steps} step(s)")
         if self.k >= self.highest:
-            return Decision(self.k, "hold", f"calm; K at governor_max_staleness {self.highest}")
+            return self._decision("hold", f"calm; K at governor_max_staleness {self.highest}")
         if self.calm < self.calm_steps:
-            return Decision(self.k, "hold", f"calm {self.calm}/{self.calm_steps}")
+            return self._decision("hold", f"calm {self.calm}/{self.calm_steps}")
         self.k, self.calm = self.k + 1, 0
-        return Decision(self.k, "raise", f"calm for {self.calm_steps} step(s)")
+        return self._decision("raise", f"calm for {self.calm_steps} step(s)")
+
+    def _decision(self, action: Action, reason: str) -> Decision:
+        return Decision(self.k, action, reason, self.scale)
+
+    def _widen(self, reason: str) -> Decision:
+        self.scale = min(1.0, self.scale * 2)
+        return self._decision("widen", f"{reason}; correction bounds at scale {self.scale:.3g}")
+
+    def _narrow(self, trouble: str, why: str) -> Decision:
+        """K cannot answer `trouble`: narrow the correction's bounds instead, if allowed."""
+        if self.scale <= self.min_scale:
+            limit = ("" if self.min_scale == 1 else
+                     f"; correction bounds at governor_min_correction_scale {self.min_scale:.3g}")
+            return self._decision("hold", f"{trouble}; {why}{limit}")
+        self.scale = max(self.min_scale, self.scale / 2)
+        return self._decision("narrow", f"{trouble}; {why}: correction bounds at scale "
+                                        f"{self.scale:.3g}")
 
     def _lower(self, trouble: str, lag: int | None) -> Decision:
         if lag is not None and lag > self.k:
-            return Decision(self.k, "hold", f"{trouble}; at lag {lag}, admitted before K was "
-                                            f"lowered to {self.k}: waiting for it to train")
+            return self._decision("hold", f"{trouble}; at lag {lag}, admitted before K was "
+                                          f"lowered to {self.k}: waiting for it to train")
         if lag == 0:
-            return Decision(self.k, "hold", f"{trouble}; all samples on-policy (lag 0): a "
-                                            "smaller K cannot help")
+            return self._narrow(trouble, "all samples on-policy (lag 0): a smaller K cannot "
+                                         "help")
         # halve the lag trained (at most K here); with no lag known, K itself
         target = max(self.lowest, (self.k if lag is None else lag) // 2)
         if target >= self.k:
-            return Decision(self.k, "hold", f"{trouble}; K at governor_min_staleness "
-                                            f"{self.lowest}")
+            return self._narrow(trouble, f"K at governor_min_staleness {self.lowest}")
         self.k = target
-        return Decision(self.k, "lower", trouble + ("" if lag is None else f" at lag {lag}"))
+        return self._decision("lower", trouble + ("" if lag is None else f" at lag {lag}"))
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def state(self) -> dict[str, int]:
-        return {"k": self.k, "calm": self.calm}
+    def state(self) -> dict[str, float]:
+        return {"k": self.k, "calm": self.calm, "scale": self.scale}
 
-    def restore(self, state: dict[str, int]) -> None:
-        """Go on from a checkpoint's K and calm count, kept within this run's bounds (a resume
-        may set others)."""
+    def restore(self, state: dict[str, float]) -> None:
+        """Go on from a checkpoint's K, calm count and bounds' scale, kept within this run's
+        bounds (a resume may set others; a checkpoint from before the scale has none: 1)."""
         self.k = min(max(int(state["k"]), self.lowest), self.highest)
         self.calm = int(state["calm"])
+        self.scale = min(max(float(state.get("scale", 1.0)), self.min_scale), 1.0)
 
 
 def _number(value: Any) -> float | None:

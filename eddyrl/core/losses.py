@@ -96,7 +96,8 @@ class PolicyLoss:
         # sums too) and the mismatch reported; the coupled objective's prox is logpi itself.
         anchor = logprobs.detach() if proximal is None else proximal.detach()
         log_rho = torch.where(on, anchor.float() - batch.old_logprobs.float(), 0.0)
-        weight, masked, truncated = correction_weights(self.correction, raw_weight, log_rho, on)
+        weight, masked, truncated = correction_weights(self.correction, raw_weight, log_rho, on,
+                                                       scale=batch.correction_scale)
 
         advantages = batch.advantages.to(logprobs.dtype)
         unclipped = ratio * advantages
@@ -149,16 +150,23 @@ class PolicyLoss:
 
 
 def correction_weights(correction: Correction, raw_weight: torch.Tensor, log_rho: torch.Tensor,
-                       on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       on: torch.Tensor, scale: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The importance weight of each token under `correction` (core/corrections.py has the
     formulas), and which trained tokens it masked (weight 0) and truncated (weight capped).
     `raw_weight`: rho per token (1 when coupled); `log_rho`: fp32 log rho, 0 off `on`. Token
     presets judge `raw_weight` itself, so `tis_cap`'s weights are today's bit for bit;
-    sequence presets sum `log_rho` over each row's trained tokens in fp32."""
+    sequence presets sum `log_rho` over each row's trained tokens in fp32. `scale` ([B], the
+    stability governor's): each bound b is applied as b ** scale on its row, the same bounds
+    narrowed toward a ratio of 1 in log space (None: the bounds as configured)."""
     preset, low, high = correction.preset, correction.low, correction.high
     nothing = torch.zeros_like(on)
     if preset.level is None:
         return raw_weight, nothing, nothing
+    if scale is not None:  # per row, [B, 1]: broadcasts over the row's tokens
+        power = scale.to(device=log_rho.device, dtype=torch.float32).unsqueeze(1)
+        low = None if low is None else torch.pow(torch.tensor(low), power)
+        high = None if high is None else torch.pow(torch.tensor(high), power)
     if preset.level == "token":
         judged, kept_weight = raw_weight, raw_weight
     else:
@@ -169,6 +177,8 @@ def correction_weights(correction: Correction, raw_weight: torch.Tensor, log_rho
         kept_weight = judged.to(raw_weight.dtype)
     if not preset.masks:
         truncated = on & (judged > high)
+        if isinstance(high, torch.Tensor):
+            return torch.minimum(kept_weight, high.to(kept_weight.dtype)), nothing, truncated
         return kept_weight.clamp(max=high), nothing, truncated
     kept = (judged >= low) & (judged <= high)
     weight = kept_weight if preset.weighted else torch.ones_like(raw_weight)

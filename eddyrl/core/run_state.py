@@ -110,6 +110,9 @@ def read(directory: Path) -> RunState:
     _check_shape(where, STATE_FILE, meta, _META_SHAPE)
     if "governor" in meta:  # written only with window.governor on
         _check_shape(where, f"{STATE_FILE}'s governor", meta["governor"], {"k": int, "calm": int})
+        if "scale" in meta["governor"]:  # the correction bounds' scale (older: none, 1)
+            _check_shape(where, f"{STATE_FILE}'s governor", meta["governor"],
+                         {"scale": (int, float)})
     _check_shape(where, LEDGER_FILE, ledger, {"step": int, "groups": dict})
     try:
         from .ledger import Ledger

@@ -216,12 +216,16 @@ def _reward_plot(rows, seconds, unit: str, unit_s: float, path: Path) -> Path:
 
 
 def governor_moves(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The governor's last K and every step where it moved K, with its reason."""
+    """The governor's last K and bounds' scale, and every step where it moved either, with its
+    reason."""
     decided = [row for row in rows if "governor_k" in row]
     return {"k": decided[-1]["governor_k"],
+            "correction_scale": decided[-1].get("governor_correction_scale", 1.0),
             "moves": [{"step": row.get("step"), "action": row.get("governor_action"),
-                       "k": row["governor_k"], "reason": row.get("governor_reason")}
-                      for row in decided if row.get("governor_action") in ("lower", "raise")]}
+                       "k": row["governor_k"], "reason": row.get("governor_reason"),
+                       "correction_scale": row.get("governor_correction_scale", 1.0)}
+                      for row in decided
+                      if row.get("governor_action") in ("lower", "raise", "narrow", "widen")]}
 
 
 def _governor_plot(rows, seconds, unit: str, unit_s: float, path: Path) -> Path:

@@ -46,7 +46,7 @@ class SimBatch:
 
 
 def build_sim_batch(groups: list[Group], pad_id: int = 0, *, weights=None,
-                    normalize_std: bool = True) -> SimBatch:
+                    normalize_std: bool = True, correction_scale=None) -> SimBatch:
     """What `build_train_batch` would build, counted instead of filled."""
     rows = [(g, t) for g in groups for t in g.trajectories]
     if not rows:

@@ -250,3 +250,33 @@ def test_the_update_keeps_a_maximum_over_its_optimizer_steps_and_derives_the_ess
     assert metrics["mismatch_max_abs"] == 0.5  # the larger, not the mean 0.375
     # means over the two steps: 1.5 and 4.5 -> ESS 2.25 / 4.5 = 0.5
     assert metrics["is_ratio_mean"] == 1.5 and metrics["is_ess"] == pytest.approx(0.5)
+
+
+def _run_scaled(scale, **settings):
+    """`_run` with the governor's per-row scale of the bounds on the batch."""
+    logprobs = torch.tensor(_prox(), requires_grad=True)
+    batch = _batch()
+    batch.correction_scale = torch.tensor(scale)
+    loss, metrics = make_policy_loss(**settings)(logprobs, batch, N)
+    loss.backward()
+    return (-logprobs.grad * N)[torch.tensor(MASK) > 0].tolist(), metrics
+
+
+def test_the_governors_scale_narrows_each_rows_bounds_in_log_space():
+    # icepop [0.5, 5] at scale 0.5 on row 0: [0.5 ** 0.5, 5 ** 0.5] = [0.707, 2.236]: 4 and 1/4
+    # masked, 1.5 kept; row 1 at scale 1: [0.5, 5], 3 and 2 kept
+    weights, metrics = _run_scaled([0.5, 1.0], correction="icepop")
+    assert weights == pytest.approx([0, 0, 1.5, 3, 2], abs=1e-5)
+    assert metrics["correction_masked_fraction"] == pytest.approx(2 / 5)
+    # token_tis (cap 2) at scale 0.5: cap sqrt(2) = 1.4142 on every token above it
+    weights, metrics = _run_scaled([0.5, 0.5], correction="token_tis")
+    assert weights == pytest.approx([2 ** 0.5, 0.25, 2 ** 0.5, 2 ** 0.5, 2 ** 0.5], abs=1e-5)
+    assert metrics["correction_truncated_fraction"] == pytest.approx(4 / 5)
+
+
+def test_a_scale_of_one_is_the_configured_bounds_and_none_ignores_it():
+    for name in ("token_tis", "icepop", "seq_mask"):
+        assert _run_scaled([1.0, 1.0], correction=name)[0] == \
+            pytest.approx(CASES[name][1], abs=1e-5)
+    assert _run_scaled([0.25, 0.25], correction="none")[0] == \
+        pytest.approx(CASES["none"][1], abs=1e-5)

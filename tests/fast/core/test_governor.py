@@ -54,7 +54,8 @@ def test_reasons_name_the_signal_its_value_and_the_limit():
     decision = governor.decide(Signals.of(trouble(3, is_ess=0.25)))
     assert decision.metrics() == {
         "governor_k": 1, "governor_action": "lower",
-        "governor_reason": "mismatch_kl 0.05 > 0.01, is_ess 0.25 < 0.5 at lag 3"}
+        "governor_reason": "mismatch_kl 0.05 > 0.01, is_ess 0.25 < 0.5 at lag 3",
+        "governor_correction_scale": 1.0}
     assert "admitted before K was lowered to 1" in governor.decide(
         Signals.of(trouble(3))).reason
     assert "calm 1/2" == governor.decide(Signals.of(calm())).reason
@@ -117,7 +118,7 @@ def test_state_round_trips_and_a_resume_keeps_k_within_its_own_bounds():
     governor.decide(Signals.of(calm(2)))
     resumed = Governor(k=4, lowest=0, highest=4, calm_steps=3, limits=LIMITS)
     resumed.restore(governor.state())
-    assert resumed.state() == governor.state() == {"k": 2, "calm": 1}
+    assert resumed.state() == governor.state() == {"k": 2, "calm": 1, "scale": 1.0}
     narrower = Governor(k=3, lowest=3, highest=3, calm_steps=3, limits=LIMITS)
     narrower.restore(governor.state())
     assert narrower.k == 3
@@ -193,3 +194,45 @@ def test_driving_the_window_with_synthetic_mismatch_settles_k_and_trains_every_g
     # over it), which is lowered again once data at lag 2 is trained
     assert ks[0] == 4 and set(ks[-100:]) == {1, 2}
     assert sum(k == 1 for k in ks[-100:]) > 50
+
+
+def test_the_bounds_narrow_where_k_cannot_help_and_widen_back_before_k_rises():
+    governor = Governor(k=1, lowest=0, highest=1, calm_steps=2, limits=LIMITS, min_scale=0.25)
+    script = [
+        (trouble(1), "lower", 0, 1.0),  # K first
+        (trouble(0), "narrow", 0, 0.5),  # on-policy: the numerics, K cannot help
+        (trouble(0), "narrow", 0, 0.25),
+        (trouble(0), "hold", 0, 0.25),  # governor_min_correction_scale
+        # masking alone, from the governor's own narrowing: widen, never narrow further
+        (trouble(0, mismatch_kl=0.001, correction_masked_fraction=0.2), "widen", 0, 0.5),
+        (calm(0), "hold", 0, 0.5), (calm(0), "widen", 0, 1.0),  # the bounds come back first
+        (calm(0), "hold", 0, 1.0), (calm(0), "raise", 1, 1.0),
+    ]
+    for step, (signals, action, k, scale) in enumerate(script):
+        decision = governor.decide(Signals.of(signals))
+        assert (decision.action, decision.k, decision.correction_scale) == (action, k, scale), \
+            (step, decision)
+        assert decision.metrics()["governor_correction_scale"] == scale
+
+
+def test_with_the_default_minimum_scale_the_bounds_never_move():
+    governor = Governor(k=0, lowest=0, highest=2, calm_steps=1, limits=LIMITS)
+    for _ in range(5):
+        decision = governor.decide(Signals.of(trouble(0)))
+        assert (decision.action, decision.correction_scale) == ("hold", 1.0)
+    masked = governor.decide(Signals.of(trouble(0, mismatch_kl=0.001,
+                                                correction_masked_fraction=0.2)))
+    assert masked.action == "hold" and masked.correction_scale == 1.0
+
+
+def test_a_checkpoint_keeps_the_scale_within_the_resumed_runs_minimum():
+    governor = Governor(k=1, lowest=0, highest=1, calm_steps=2, limits=LIMITS, min_scale=0.25)
+    for signals in (trouble(1), trouble(0), trouble(0)):
+        governor.decide(Signals.of(signals))
+    assert governor.state()["scale"] == 0.25
+    resumed = Governor(k=1, lowest=0, highest=1, calm_steps=2, limits=LIMITS, min_scale=0.5)
+    resumed.restore(governor.state())
+    assert resumed.scale == 0.5
+    older = Governor(k=1, lowest=0, highest=1, calm_steps=2, limits=LIMITS, min_scale=0.25)
+    older.restore({"k": 0, "calm": 0})  # a checkpoint from before the scale
+    assert older.scale == 1.0

@@ -36,6 +36,22 @@ def test_the_report_lists_each_move_with_its_reason_and_the_last_k():
             {"step": 3, "governor_k": 3, "governor_action": "raise",
              "governor_reason": "calm for 5 step(s)"},
             {"step": 4, "governor_k": 3, "governor_action": "hold", "governor_reason": "calm 1/5"}]
-    assert governor_moves(rows) == {"k": 3, "moves": [
-        {"step": 2, "action": "lower", "k": 2, "reason": "mismatch_kl 0.02 > 0.01 at lag 4"},
-        {"step": 3, "action": "raise", "k": 3, "reason": "calm for 5 step(s)"}]}
+    assert governor_moves(rows) == {"k": 3, "correction_scale": 1.0, "moves": [
+        {"step": 2, "action": "lower", "k": 2, "reason": "mismatch_kl 0.02 > 0.01 at lag 4",
+         "correction_scale": 1.0},
+        {"step": 3, "action": "raise", "k": 3, "reason": "calm for 5 step(s)",
+         "correction_scale": 1.0}]}
+
+
+def test_the_bar_and_the_report_show_the_correction_bounds_when_narrowed():
+    narrowed = {"step": 1, "governor_k": 0, "governor_action": "narrow",
+                "governor_reason": "mismatch_kl 0.02 > 0.01; all samples on-policy (lag 0): a "
+                                   "smaller K cannot help: correction bounds at scale 0.5",
+                "governor_correction_scale": 0.5}
+    line = _bar([narrowed])
+    assert "K 0 (bounds narrowed)" in line and "bounds x0.5" in line, line
+    assert "bounds x" not in _bar([{"step": 1, "governor_k": 2, "governor_action": "hold",
+                                    "governor_correction_scale": 1.0}])
+    moves = governor_moves([narrowed])
+    assert moves["correction_scale"] == 0.5
+    assert [(m["action"], m["correction_scale"]) for m in moves["moves"]] == [("narrow", 0.5)]
