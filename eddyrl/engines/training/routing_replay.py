@@ -44,6 +44,10 @@ class RoutingReplay:
                 raise ValueError(
                     f"replayed experts of {experts.shape[1]} layers x top-{experts.shape[2]} "
                     f"for a model of {len(self.routers)} x top-{self.routers[0].top_k}")
+            # checked once per forward here, not per layer in the hook: each check is a sync
+            if experts.numel() and int(experts.max()) >= self.routers[0].num_experts:
+                raise ValueError(f"replayed expert id {int(experts.max())} >= the model's "
+                                 f"{self.routers[0].num_experts} experts")
         self._experts = experts
 
     def _hook(self, layer: int):
@@ -55,9 +59,6 @@ class RoutingReplay:
             if replayed.shape[0] != logits.shape[0]:
                 raise RuntimeError(f"replayed experts for {replayed.shape[0]} positions, the "
                                    f"router saw {logits.shape[0]}")
-            if int(replayed.max()) >= module.num_experts:
-                raise ValueError(f"replayed expert id {int(replayed.max())} >= the model's "
-                                 f"{module.num_experts} experts")
             return (logits, *gate_weights(logits, replayed, own, module.norm_topk_prob))
         return replay
 
