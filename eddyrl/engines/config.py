@@ -126,6 +126,9 @@ class LoraConfig:
                               f"{prefix}.rank = {self.rank}: name the modules to adapt")
 
 
+MIN_COLLECTIVE_TIMEOUT_S = 10.0  # train.collective_timeout_s's lowest
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     engine: str = "fsdp"
@@ -142,6 +145,13 @@ class TrainConfig:
     max_packed_tokens: int = 8192
     bucket_mb: int = 64  # weight-sync bucket size
     weight_channel: WeightChannelKind = "auto"  # auto: as the platforms agree; or force one (for tests)
+    # how long a trainer rank waits in a collective (and the trainer group's forming) for the
+    # others before it gives up: a rank alive but no longer taking part is then reported
+    # lost. Short enough to matter (below cluster.timeout_s, the driver's deadline for the
+    # whole call, which cannot tell which rank is stuck), long enough not to fire on a slow
+    # step: the longest wait of one rank for another within a step, a checkpoint's write
+    # included (docs/reliability.md, "Lost trainer ranks")
+    collective_timeout_s: float = 300.0
     # --- memory (docs/engines.md, "Fitting the model"; `eddy plan` predicts their effect) ---
     # the compute dtype of the gathered weights: fp32, or bf16 / fp16 mixed precision (the
     # sharded master weights, gradient reduction and optimizer state stay fp32)
@@ -163,6 +173,11 @@ class TrainConfig:
     # dense block mask), mask, or varlen (refused where the platform has none)
     attention: AttentionKind = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # after every optimizer step each rank's shard of the weights and optimizer state is
+    # copied into the next rank's host memory, in the background (engines/training/buddy.py):
+    # a lost rank is rebuilt from it bit for bit, without a checkpoint. Costs each rank twice
+    # its shard's bytes of host memory; off: a lost rank needs the checkpoint path
+    buddy_replication: bool = True
 
     def validate(self, prefix: str) -> None:
         from .registry import TRAIN_ENGINES
@@ -179,6 +194,10 @@ class TrainConfig:
         check_range(f"{prefix}.bucket_mb", self.bucket_mb, 1)
         check_choice(f"{prefix}.weight_channel", self.weight_channel,
                      get_args(WeightChannelKind))
+        # below this, a straggler's ordinary lead (a longer sequence, a garbage collection,
+        # the first step's compilation) would end the run as a lost rank
+        check_range(f"{prefix}.collective_timeout_s", self.collective_timeout_s,
+                    MIN_COLLECTIVE_TIMEOUT_S)
         check_choice(f"{prefix}.param_dtype", self.param_dtype, get_args(ParamDtypeKind))
         check_choice(f"{prefix}.activation_checkpointing", self.activation_checkpointing,
                      get_args(CheckpointingKind))
@@ -202,4 +221,5 @@ class TrainConfig:
         return {**self.forward_options(),
                 "param_dtype": self.param_dtype,
                 "activation_checkpointing": self.activation_checkpointing,
-                "offload": self.offload, "lora": self.lora}
+                "offload": self.offload, "lora": self.lora,
+                "buddy_replication": self.buddy_replication}

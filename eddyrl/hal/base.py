@@ -78,6 +78,7 @@ class Platform:
     detect_priority: ClassVar[int | None] = None
     _bound_index: int | None = None  # set by `bind_device`, per instance
     _broken: str | None = None  # why a hook that raised made this platform unusable
+    _copy_stream: Any = None  # `copy_to_host_async`'s side stream, made at its first use
 
     # ---- identity -------------------------------------------------------------------------
     def module(self) -> Any:
@@ -197,6 +198,40 @@ class Platform:
 
     def current_stream(self) -> torch.Stream:
         return self.module().current_stream()
+
+    # ---- host copies ----------------------------------------------------------------------
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        """`nbytes` of host memory (uint8), page-locked: a copy from the device into pageable
+        memory is synchronous, into pinned memory it can run beside the compute. A backend
+        without a pinned-memory allocator (a plug-in's, say) gets pageable memory, and
+        `copy_to_host_async` then copies synchronously."""
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:  # "pin_memory=True requires ... an accelerator backend"
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    def copy_to_host_async(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """Copy each (source, host destination) pair on a side stream, after the work queued
+        so far on the current one; returns an event that completes with the last copy (its
+        `synchronize()` waits). The sources must not change, the destinations not be read,
+        until then; destinations from `host_buffer` make the copies non-blocking."""
+        if not all(destination.is_pinned() for _, destination in pairs):
+            for source, destination in pairs:  # pageable memory: a plain, finished copy
+                destination.copy_(source)
+            self.synchronize()
+            return _CopiedEvent()
+        if self._copy_stream is None:
+            self._copy_stream = self.new_stream()
+        stream = self._copy_stream
+        stream.wait_stream(self.current_stream())
+        with stream:
+            for source, destination in pairs:
+                destination.copy_(source, non_blocking=True)
+                if source.device.type == self.device_type:
+                    source.record_stream(stream)  # not reused by the allocator before the copy
+        event = self.new_event()
+        event.record(stream)
+        return event
 
     # ---- memory ---------------------------------------------------------------------------
     def device_memory_bytes(self, index: int = 0) -> int:
@@ -420,3 +455,13 @@ def hook_failed(platform: Platform, hook: str, exc: BaseException) -> str:
     warnings.warn(f"platform {getattr(platform, 'name', cls.__name__)!r} is unusable: {reason}",
                   RuntimeWarning, stacklevel=3)
     return reason
+
+
+class _CopiedEvent:
+    """The event of copies that finished before `copy_to_host_async` returned."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True

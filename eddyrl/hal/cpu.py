@@ -75,6 +75,15 @@ class CpuPlatform(Platform):
     def new_event(self, enable_timing: bool = False):
         return _HostEvent()
 
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)  # pinning needs an accelerator
+
+    def copy_to_host_async(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> _HostEvent:
+        """The device is the host: plain copies, done when this returns."""
+        for source, destination in pairs:
+            destination.copy_(source)
+        return _HostEvent()
+
     def device_memory_bytes(self, index: int = 0) -> int:
         """The host's memory available now (MemAvailable), not its total: every process of
         the run and everything else on the machine share it."""

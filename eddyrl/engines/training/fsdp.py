@@ -37,6 +37,7 @@ from ..config import LoraConfig
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
 from .attention import attention_implementation
+from . import buddy
 from . import lora as lora_layers
 from . import routing_replay
 from .base import LossFn, TrainEngine
@@ -115,7 +116,7 @@ class FSDPTrainEngine(TrainEngine):
                  max_packed_tokens: int = 8192, logprob_chunk_tokens: int = 0,
                  max_tokens_per_micro_batch: int = 0, attention: str = "auto",
                  activation_checkpointing: str = "none", offload: str = "none",
-                 lora: "LoraConfig | None" = None) -> None:
+                 lora: "LoraConfig | None" = None, buddy_replication: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         if micro_batch_size < 1:
@@ -178,6 +179,9 @@ class FSDPTrainEngine(TrainEngine):
                                            weight_decay=weight_decay)
         if offload == "optimizer":
             keep_optimizer_state_on_host(self.optimizer, self.device, platform.synchronize)
+        # buddy.py: after each step this rank's shard goes to a peer's host memory, from which
+        # a lost rank is rebuilt (`restore_shard`); its group and buffers come at the first step
+        self.buddy = buddy.engine_store(self, timeout_s) if buddy_replication else None
 
     def _mixed_precision(self, dtype: torch.dtype | None) -> MixedPrecisionPolicy:
         if dtype is None or dtype == torch.float32:
@@ -278,6 +282,8 @@ class FSDPTrainEngine(TrainEngine):
         with self.platform.profile_range("eddy.train.optimizer"):
             grad_norm, nonfinite = self._optimizer_step(total_tokens, loss_sum)
         self.version += 1
+        if self.buddy is not None:  # the copy now, its transfer beside the next step's work
+            self.buddy.replicate(self.version)
 
         names = sorted(metric_sums)
         sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
@@ -427,6 +433,12 @@ class FSDPTrainEngine(TrainEngine):
         self.version = int(state["version"])
         hd.barrier()
 
+    def restore_shard(self, copy: buddy.ShardCopy) -> None:
+        """This rank rebuilt from its buddy's copy (`BuddyStore.restore`): its shards of the
+        weights and optimizer state, its generators and version, as they were after
+        `copy.version`. Local: every other rank keeps its own state."""
+        buddy.restore_engine(self, copy)
+
     def _check_lora_matches(self, path: str, saved_rank: int) -> None:
         rank = self.lora.rank if self.lora else 0
         if saved_rank != rank:
@@ -450,6 +462,8 @@ class FSDPTrainEngine(TrainEngine):
         self.platform.synchronize()
 
     def close(self) -> None:
+        if self.buddy is not None:  # its round in flight first: it uses a group of the world
+            self.buddy.close()
         if self._owns_group:
             hd.destroy()
 
