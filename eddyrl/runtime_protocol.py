@@ -19,8 +19,11 @@ plannable), `runtime.inprocess.InProcessRuntime` (none: evaluation and tests) an
 `observability.tracing.traced(runtime)`, which has exactly the capabilities of the runtime it
 wraps. `conforms` checks a class against a protocol by its signatures (tests/fast/structure).
 
-It sits beside `protocol.py`, not in `runtime/`, and imports only that module, so `core/` can
-type its seams with it without importing a runtime.
+A runtime that loses a trainer rank raises `TrainerRankLost` (defined here, beside the seam
+it crosses, so that recovery in `core/` can catch it without importing a runtime).
+
+It sits beside `protocol.py`, not in `runtime/`, and imports only that module and `errors.py`
+(the error a lost rank is), so `core/` can type its seams with it without importing a runtime.
 """
 
 from __future__ import annotations
@@ -28,7 +31,33 @@ from __future__ import annotations
 import inspect
 from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
 
+from .errors import WorkerCallError
 from .protocol import EngineStats, GenerationRequest, GenerationResult
+
+ACTOR_DIED = "actor died"
+COLLECTIVE_TIMED_OUT = "collective timed out"
+
+
+class TrainerRankLost(WorkerCallError):
+    """A trainer rank is gone: its process died (`ACTOR_DIED`: killed, crashed, its node
+    lost), or it stopped taking part in the trainer's collectives (`COLLECTIVE_TIMED_OUT`:
+    the others waited `train.collective_timeout_s` for it). Until in-place recovery exists the
+    run ends on it (`eddy train` adds how to resume); its fields are what recovery needs:
+    which rank, where it ran, why."""
+
+    def __init__(self, rank: int, during: str, cause: str, detail: str = "", *,
+                 node: str | None = None, node_id: str | None = None,
+                 pid: int | None = None) -> None:
+        self.rank, self.during, self.cause, self.detail = rank, during, cause, detail
+        self.node, self.node_id, self.pid = node, node_id, pid
+        where = [f"node {node or 'unknown'}"]
+        if node_id:
+            where.append(f"node id {node_id[:12]}")  # as `ray list nodes` begins it
+        if pid is not None:
+            where.append(f"pid {pid}")
+        super().__init__(f"trainer rank {rank} ({', '.join(where)}) was lost during {during}: "
+                         f"{cause}" + (f" ({detail})" if detail else "")
+                         + "; the run cannot go on without it")
 
 
 @runtime_checkable

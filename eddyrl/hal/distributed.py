@@ -6,11 +6,33 @@ to the right library, so these helpers only add what every caller would otherwis
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
         "avg": dist.ReduceOp.AVG}
+
+
+# How the backends word a collective that waited past its group's timeout (the `timeout_s` of
+# `Platform.init_process_group`): gloo "Timed out waiting 20000ms for recv operation to
+# complete", NCCL's watchdog "... ran for 20000 milliseconds before timing out", torch's
+# stores "... timed out after ...".
+_TIMED_OUT = re.compile(r"\btimed out\b|\btiming out\b", re.IGNORECASE)
+
+
+def timed_out(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, is a collective (or the group's
+    store) that waited past the group's timeout. The backends raise RuntimeError (torch's
+    DistError family is one) with the words above; any other type is not theirs."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and _TIMED_OUT.search(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def is_initialized() -> bool:

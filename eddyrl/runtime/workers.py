@@ -193,7 +193,7 @@ class RolloutWorker:
         return node_address()
 
     def device_binding(self) -> dict[str, object]:
-        return self.device.as_dict()
+        return _binding(self.device)
 
     def configure(self, max_batch_size: int, partial_rollout: bool) -> int:
         """The adaptive scheduler's generation plan; returns the version the engine hosts."""
@@ -262,15 +262,18 @@ class TrainerRank:
         temperature = logit_temperature(settings.sampling_temperature)
         engine_cls = load_engine_class("train", train.engine)
         store = self._store(rendezvous, rank, world)
+        # The group's own timeout: a collective that waits longer for a rank raises here, and
+        # the driver reports that rank lost (runtime/ray/trainer_calls.py)
+        timeout_s = train.collective_timeout_s
         if store is not None:  # the engine finds the group joined, and leaves it be
-            self.platform.init_process_group(rank, world, None, cluster.timeout_s,
+            self.platform.init_process_group(rank, world, None, timeout_s,
                                              store=store, address=node_address())
 
         def build(**optimizer):
             return engine_cls(self.model_path, self.platform, rank=rank, world_size=world,
                               init_method=rendezvous, seed=settings.seed,
                               temperature=temperature, local=cluster.address is None,
-                              timeout_s=cluster.timeout_s, **train.engine_options(),
+                              timeout_s=timeout_s, **train.engine_options(),
                               **optimizer)
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
@@ -353,7 +356,15 @@ class TrainerRank:
         return node_address()
 
     def device_binding(self) -> dict[str, object]:
-        return self.device.as_dict()
+        return _binding(self.device)
+
+    def whereabouts(self) -> dict[str, object]:
+        """Where this rank runs, for the report of its loss: its node's address and Ray id,
+        and its process."""
+        import ray
+
+        return {"node": node_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid()}
 
     def collect(self, path: str) -> DirectoryShipment:
         """What this node holds of a `save_on_node`, as data for the driver."""
@@ -387,6 +398,12 @@ class TrainerRank:
 
     def version(self) -> int:
         return self.engine.version
+
+
+def _binding(device) -> dict[str, object]:
+    """An actor's device and the process that holds it (placement.json: which process to
+    look at, or a fault test's to kill)."""
+    return {**device.as_dict(), "pid": os.getpid()}
 
 
 def weight_group_layout(ranks: list[int]) -> tuple[list[int], int]:

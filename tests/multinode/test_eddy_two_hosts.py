@@ -100,7 +100,8 @@ def test_a_run_across_two_hosts_then_host_b_lost_and_the_resume_on_host_a(ray_cl
     # 2. the loss, in one line
     last = log.read_text().strip().splitlines()[-1]
     assert rc == 2, log.read_text()[-3000:]
-    assert last.startswith("eddy: error: trainer rank 1 failed during "), last
+    assert last.startswith("eddy: error: trainer rank 1 (node "), last
+    assert " was lost during " in last, last
     assert "resume with resume=auto run_dir=/tmp/work/run (its newest good checkpoint is " \
         "step " in last, last
     newest = int(last.rsplit("step ", 1)[1].rstrip(")"))

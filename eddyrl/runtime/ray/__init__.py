@@ -3,7 +3,8 @@
 - `runtime.py`: `RayRuntime`, what the controller drives (the trainer ranks, the weight channel);
 - `rollout_actors.py`: `RolloutActors`, the rollout workers' actors, lost and replaced;
 - `calls.py`: `RayCalls`, every call named and under a deadline, its failure in one line
-  (`errors.py` finds the cause);
+  (`errors.py` finds the cause); `trainer_calls.py`: `TrainerCalls`, the trainer ranks'
+  calls together, a lost rank (`TrainerRankLost`) found among their failures;
 - `lifecycle.py`: `start_ray` / `stop_ray`, the local Ray on loopback (`session.py`: its token
   and watch; `reaper.py`: its processes end with the driver) or a cluster joined (`connect.py`);
 - `placement.py`: where Ray puts the actors (split / colocated).

@@ -74,3 +74,28 @@ def cause_line(exc: BaseException) -> str:
     if died is not None:  # the process is gone: why, as far as Ray knows, without its advice
         return f"{rows[0]} {died.split(_ADVICE)[0]}"
     return rows[0]
+
+
+def is_actor_death(exc: BaseException | None) -> bool:
+    """Whether `exc` is Ray's error for an actor whose process is gone (`ActorDiedError`),
+    not one whose `__init__` raised, nor one only unreachable for now (`ActorUnavailableError`)."""
+    return type(exc).__name__ == "ActorDiedError" and not getattr(exc, "actor_init_failed", True)
+
+
+_FIELD = re.compile(r"^\s*(pid|ip): (\S+)\s*$", re.MULTILINE)  # Ray's lines of a dead actor
+
+
+def death_reason(text: str) -> str:
+    """Why Ray says an actor's process is gone ("The actor is dead because its worker process
+    has died. Worker exit type: ..."), without its advice; the first line where it says none."""
+    rows = [row.strip() for row in plain(text).splitlines() if row.strip()]
+    died = next((row for row in rows if row.startswith(_DIED)), None)
+    if died is not None:
+        return died.split(_ADVICE)[0].strip()
+    return rows[0] if rows else ""
+
+
+def death_fields(text: str) -> dict[str, str]:
+    """The `pid` and `ip` Ray names in a dead actor's error, where it names them."""
+    return dict(_FIELD.findall(plain(text)))
+

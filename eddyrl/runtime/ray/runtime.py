@@ -27,6 +27,7 @@ from .calls import RayCalls
 from .lifecycle import start_ray, stop_ray
 from .placement import actor_options, check_split_devices, colocation_group, role_group
 from .rollout_actors import PublishedWeights, RolloutActors
+from .trainer_calls import RankPlace, TrainerCalls
 
 if TYPE_CHECKING:
     from ..settings import RuntimeSettings
@@ -99,6 +100,11 @@ class RayRuntime:
         group = self._rendezvous("trainer_group", world)
         self.calls.get_all([(f"trainer rank {r}", "start (trainer group, model)",
                              t.start.remote(group)) for r, t in enumerate(self.trainers)])
+        # Where each rank runs: what the report of its loss names (`trainer_calls.py`)
+        places = self.calls.get_all([(f"trainer rank {r}", "whereabouts", t.whereabouts.remote())
+                                     for r, t in enumerate(self.trainers)])
+        self.ranks = TrainerCalls(self.calls, [RankPlace(**p) for p in places],
+                                  settings.trainer.train.collective_timeout_s)
         if self.colocated:
             # The trainers' state waits in host memory before the engines sharing their
             # devices start, so each engine sizes its KV cache on a free device.
@@ -244,8 +250,8 @@ class RayRuntime:
         # The driver does not fetch the gradients itself: a replica's failure or hang reaches it
         # through the ranks' calls (and their deadline), which wait for them.
         what = f"train_step (with replicas {replicas})" if replicas else "train_step"
-        results = await self.calls.call_all([(f"trainer rank {r}", what,
-                                              t.train.remote(part, refs or None, replica_tokens))
+        results = await self.ranks.call_all([(r, what, t.train.remote(part, refs or None,
+                                                                       replica_tokens))
                                              for r, (t, part) in enumerate(zip(self.trainers,
                                                                                parts))])
         # colocated: the hand-overs since the last step (to rollout after it, to training now)
@@ -284,24 +290,22 @@ class RayRuntime:
         return hosted
 
     async def _send_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
-        specs = await self.calls.call_all([(f"trainer rank {r}", "weight export",
-                                            t.describe_weights.remote())
+        specs = await self.ranks.call_all([(r, "weight export", t.describe_weights.remote())
                                            for r, t in enumerate(self.trainers)])
         if self.colocated:  # the export holds the weights in host memory: the engines' turn
             await self._hand_devices_to("rollout")
         receivers = self.actors.live()
         results = await asyncio.gather(
-            *(self.calls.call(f"trainer rank {r}", "weight send", t.send_weights.remote())
-              for r, t in enumerate(self.trainers)),
+            self.ranks.call_all([(r, "weight send", t.send_weights.remote())
+                                 for r, t in enumerate(self.trainers)]),
             *(self.actors.call(i, f"weight load v{version}",
                                lambda actor, i=i: actor.load_weights.remote(
                                    version, specs[0], i in hold))
               for i in receivers), return_exceptions=True)
         hosted = [-1] * len(self.workers)
-        for result in results[:len(self.trainers)]:
-            if isinstance(result, BaseException):
-                raise result
-        for worker, result in zip(receivers, results[len(self.trainers):]):
+        if isinstance(results[0], BaseException):  # the trainer ranks' sends
+            raise results[0]
+        for worker, result in zip(receivers, results[1:]):
             if isinstance(result, WorkerLost):
                 # dead before anyone noticed: its next call raises WorkerLost to the rollout,
                 # which puts its requests back and has it replaced
@@ -318,8 +322,7 @@ class RayRuntime:
         if self.ship_checkpoints:
             await self._save_through_driver(path)
         else:
-            await self.calls.call_all([(f"trainer rank {r}", f"save to {path}",
-                                        t.save.remote(path))
+            await self.ranks.call_all([(r, f"save to {path}", t.save.remote(path))
                                        for r, t in enumerate(self.trainers)])
         if self.colocated:
             await self._hand_devices_to("rollout")
@@ -330,19 +333,18 @@ class RayRuntime:
         renames into place (checkpoints.write); the nodes' copies are removed."""
         name = f"{self.namespace}-{uuid.uuid4().hex[:8]}"
         ranks = list(enumerate(self.trainers))
-        local = await self.calls.call_all([(f"trainer rank {r}", "save on its node",
-                                            t.save_on_node.remote(name)) for r, t in ranks])
+        local = await self.ranks.call_all([(r, "save on its node", t.save_on_node.remote(name))
+                                           for r, t in ranks])
         nodes = self.placement["trainer"]  # the ranks' nodes, asked once at start
         first_on_node = {node: rank for rank, node in reversed(list(enumerate(nodes)))}
         try:
-            shipments = await self.calls.call_all([
-                (f"trainer rank {r}", f"checkpoint files ({nodes[r]})",
-                 self.trainers[r].collect.remote(local[r]))
+            shipments = await self.ranks.call_all([
+                (r, f"checkpoint files ({nodes[r]})", self.trainers[r].collect.remote(local[r]))
                 for r in sorted(first_on_node.values())])
             for shipment in shipments:  # blocking reads of the object store: off the loop
                 await asyncio.to_thread(shipment.write_into, path)
         finally:
-            await self.calls.call_all([(f"trainer rank {r}", "discard its node's copy",
+            await self.ranks.call_all([(r, "discard its node's copy",
                                         self.trainers[r].discard.remote(local[r]))
                                        for r in sorted(first_on_node.values())])
 
@@ -354,8 +356,7 @@ class RayRuntime:
             await self._hand_devices_to("train")
         checkpoint = await asyncio.to_thread(DirectoryShipment.from_path, path) \
             if self.ship_checkpoints else path
-        await self.calls.call_all([(f"trainer rank {r}", f"load from {path}",
-                                    t.load.remote(checkpoint))
+        await self.ranks.call_all([(r, f"load from {path}", t.load.remote(checkpoint))
                                    for r, t in enumerate(self.trainers)])
         if self.colocated:
             await self._hand_devices_to("rollout")
