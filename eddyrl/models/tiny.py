@@ -105,16 +105,20 @@ def build_tiny_model(
     config: TinyModelConfig = TinyModelConfig(),
 ) -> Qwen3ForCausalLM:
     """A freshly initialised fp32 Qwen3 sized by `config`, with ids taken from `tokenizer`."""
-    qwen_config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        dtype="float32",
-        **dataclasses.asdict(config),
-    )
+    return build_with_tokenizer(Qwen3ForCausalLM, Qwen3Config, tokenizer, seed,
+                                **dataclasses.asdict(config))
+
+
+def build_with_tokenizer(model_class, config_class, tokenizer: PreTrainedTokenizerFast,
+                         seed: int, **shape):
+    """A freshly initialised fp32 `model_class` of `config_class(**shape)`, its vocabulary and
+    special ids (config and generation config alike) those of `tokenizer`, no BOS: what the
+    embedded models (this one, tiny_moe.py) share."""
+    model_config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                                dtype="float32", **shape)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(qwen_config)
+    model = model_class(model_config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from .config import ASSETS
-from .tiny import TinyModelConfig
+from .tiny import TinyModelConfig, build_with_tokenizer
 
 # The shipped SFT warm start; `eddyrl/assets/moe_warmstart/README.md` says how it was made.
 MOE_WARMSTART_DIR = ASSETS / "moe_warmstart"
@@ -59,24 +59,13 @@ def build_tiny_moe_model(
     config: TinyMoeConfig = TinyMoeConfig(),
 ) -> Qwen3MoeForCausalLM:
     """A freshly initialised fp32 Qwen3-MoE sized by `config`, ids taken from `tokenizer`."""
-    moe_config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        dtype="float32",
+    return build_with_tokenizer(
+        Qwen3MoeForCausalLM, Qwen3MoeConfig, tokenizer, seed,
         norm_topk_prob=True,  # Qwen3-30B-A3B's: top-k weights renormalised over the chosen
         decoder_sparse_step=1,  # every layer sparse
         mlp_only_layers=[],
         output_router_logits=False,
-        **dataclasses.asdict(config),
-    )
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(moe_config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = None
-    return model
+        **dataclasses.asdict(config))
 
 
 @contextlib.contextmanager
