@@ -256,7 +256,9 @@ def _run(run: ResolvedRun, on_step, stack: contextlib.ExitStack, run_dir: Path,
     if config.observe.samples:  # readable samples at each evaluation (samples.jsonl, ...)
         controller.on_samples = lambda version, groups: metrics_file.samples(
             version, sample_rows(groups, run.decode, config.observe.samples))
-    controller.checkpoint = resume.every(config.checkpoint, controller, runtime.save, run_dir)
+    # a checkpoint's write survives a lost trainer rank like a step (core/trainer_recovery.py)
+    save = controller.surviving(runtime.save, "checkpoint write")
+    controller.checkpoint = resume.every(config.checkpoint, controller, save, run_dir)
     if isinstance(runtime, TracingRuntime):
         controller.checkpoint = flush_at_checkpoints(
             controller.checkpoint, config.checkpoint.every, runtime.trace,
@@ -294,5 +296,6 @@ async def _run_and_save(controller: Controller, runtime, run_dir: Path, config: 
     # With the model: the ledger (which prompts were trained fresh, replayed, dropped) and
     # everything else a resume needs.
     summary["run_checkpoint"] = str(await resume.save_final(
-        controller, runtime.save, run_dir, config.checkpoint.keep_last, point))
+        controller, controller.surviving(runtime.save, "checkpoint write"), run_dir,
+        config.checkpoint.keep_last, point))
     return {**summary, **resume.summary(point, requeued)}

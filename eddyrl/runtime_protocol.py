@@ -12,7 +12,10 @@ lacks is refused there by name:
   `errors.WorkerLost` (without it a lost worker ends the run);
 - `Checkpointable`: save and load the trainer's state (a run checkpoint's model and optimizer);
 - `Plannable`: change every rollout worker's generation strategy while running (the adaptive
-  scheduler's plans).
+  scheduler's plans);
+- `TrainerRecoverable`: rebuild the trainer in place after `TrainerRankLost` (a replacement
+  rank, or the survivors alone), at the state of the last completed step, so that the call
+  that lost it can run again (`core/trainer_recovery.py`).
 
 The implementations: `runtime.ray.RayRuntime` (all four), `sim.runtime.SimRuntime` (elastic,
 plannable), `runtime.inprocess.InProcessRuntime` (none: evaluation and tests) and
@@ -20,7 +23,7 @@ plannable), `runtime.inprocess.InProcessRuntime` (none: evaluation and tests) an
 wraps. `conforms` checks a class against a protocol by its signatures (tests/fast/structure).
 
 A runtime that loses a trainer rank raises `TrainerRankLost` (defined here, beside the seam
-it crosses, so that recovery in `core/` can catch it without importing a runtime).
+it crosses, so that recovery in `core/` catches it without importing a runtime).
 
 It sits beside `protocol.py`, not in `runtime/`, and imports only that module and `errors.py`
 (the error a lost rank is), so `core/` can type its seams with it without importing a runtime.
@@ -41,15 +44,16 @@ COLLECTIVE_TIMED_OUT = "collective timed out"
 class TrainerRankLost(WorkerCallError):
     """A trainer rank is gone: its process died (`ACTOR_DIED`: killed, crashed, its node
     lost), or it stopped taking part in the trainer's collectives (`COLLECTIVE_TIMED_OUT`:
-    the others waited `train.collective_timeout_s` for it). Until in-place recovery exists the
-    run ends on it (`eddy train` adds how to resume); its fields are what recovery needs:
-    which rank, where it ran, why."""
+    the others waited `train.collective_timeout_s` for it). A `TrainerRecoverable` runtime
+    rebuilds the trainer without it; where it cannot (`not_recovered`: why) the run ends on it
+    (`eddy train` adds how to resume). Its fields are what recovery needs: which rank, where
+    it ran, why."""
 
     def __init__(self, rank: int, during: str, cause: str, detail: str = "", *,
                  node: str | None = None, node_id: str | None = None,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, why_not: str = "") -> None:
         self.rank, self.during, self.cause, self.detail = rank, during, cause, detail
-        self.node, self.node_id, self.pid = node, node_id, pid
+        self.node, self.node_id, self.pid, self.why_not = node, node_id, pid, why_not
         where = [f"node {node or 'unknown'}"]
         if node_id:
             where.append(f"node id {node_id[:12]}")  # as `ray list nodes` begins it
@@ -57,7 +61,13 @@ class TrainerRankLost(WorkerCallError):
             where.append(f"pid {pid}")
         super().__init__(f"trainer rank {rank} ({', '.join(where)}) was lost during {during}: "
                          f"{cause}" + (f" ({detail})" if detail else "")
-                         + "; the run cannot go on without it")
+                         + "; the run cannot go on without it"
+                         + (f" ({why_not})" if why_not else ""))
+
+    def not_recovered(self, why: str) -> "TrainerRankLost":
+        """The same loss, ending the run: `why` it was not recovered in place."""
+        return TrainerRankLost(self.rank, self.during, self.cause, self.detail, node=self.node,
+                               node_id=self.node_id, pid=self.pid, why_not=why)
 
 
 @runtime_checkable
@@ -139,6 +149,15 @@ class Plannable(Protocol):
         ...
 
 
+@runtime_checkable
+class TrainerRecoverable(Protocol):
+    async def recover_trainer(self, lost: TrainerRankLost) -> dict[str, float]:
+        """Rebuild the trainer without `lost`'s rank, at the state of its last completed step
+        (weights, optimizer, generators), so that the interrupted call can run again; returns
+        the recovery's metrics. Raises `lost.not_recovered(why)` where it cannot."""
+        ...
+
+
 # A runtime together with one capability: what a driver that needs it holds (`eddyrl.build`
 # hands one over only after its isinstance check). Types only, never checked against.
 class ElasticRuntime(Runtime, Elastic, Protocol):
@@ -149,7 +168,8 @@ class PlannableRuntime(Runtime, Plannable, Protocol):
     ...
 
 
-CAPABILITIES: tuple[type, ...] = (Elastic, Recoverable, Checkpointable, Plannable)
+CAPABILITIES: tuple[type, ...] = (Elastic, Recoverable, Checkpointable, Plannable,
+                                  TrainerRecoverable)
 
 
 def capabilities(runtime: Any) -> list[type]:

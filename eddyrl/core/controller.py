@@ -34,6 +34,7 @@ from .rewarding import SafeReward
 from .rollout import StreamingRollout
 from .step_metrics import (RolloutCounters, counters_since, eval_metrics, rollout_metrics,
                            step_record)
+from .trainer_recovery import TrainerRecovery
 from .version_window import VersionWindow
 
 from ..scheduler.adaptive import AdaptiveConfig
@@ -114,6 +115,17 @@ class Controller:
         # the stability governor sets the window's K after each step (`window.governor`)
         self.governor = Governor.from_config(self.settings.window) \
             if self.settings.window.governor else None
+        # every trainer call survives a lost trainer rank where the runtime can rebuild it:
+        # the call runs again, and this loop sees it return once (trainer_recovery.py)
+        self.trainer = TrainerRecovery(self.runtime, self.runtime.now)
+
+    def surviving(self, call: Callable[..., Awaitable[Any]], what: str
+                  ) -> Callable[..., Awaitable[Any]]:
+        """`call` (a trainer call made outside the loop: a checkpoint's save) through the
+        trainer's recovery."""
+        async def survived(*args: Any) -> Any:
+            return await self.trainer.call(what, lambda: call(*args))
+        return survived
 
     @property
     def version(self) -> int:
@@ -145,7 +157,8 @@ class Controller:
         started = self.runtime.now()
         if self.history:
             initial = self.history[0]
-            self.rollout.published(self.version, await self.runtime.sync_weights(self.version))
+            self.rollout.published(self.version, await self.trainer.call(
+                "weight export", lambda: self.runtime.sync_weights(self.version)))
         else:
             initial = await self.evaluate()
             self._emit({"step": 0, **initial})
@@ -182,6 +195,7 @@ class Controller:
                 "skipped_updates": sum(m.get("skipped_updates", 0) for m in self.history),
                 **({"stopped_early": stopped} if stopped else {}),
                 **({"governor": self._governor_report()} if self.governor else {}),
+                **({"trainer_recoveries": self.trainer.events} if self.trainer.events else {}),
                 "ledger": {state.value: n for state, n in self.ledger.counts().items()},
                 "workers_lost": self.rollout.workers_lost,
                 **({"stray_results": dict(self.rollout.stray)} if self.rollout.stray else {}),
@@ -217,16 +231,19 @@ class Controller:
             batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
                                      normalize_std=self.settings.algorithm.normalize_std,
                                      correction_scale=self._correction_scale())
-            train_metrics = await self.runtime.train(batch, self.elastic.replicas())
+            replicas = self.elastic.replicas()
+            train_metrics = await self.trainer.call(
+                "train_step", lambda: self.runtime.train(batch, replicas))
         t2 = self.runtime.now()
         self.window.advance()
-        self.rollout.published(self.version, await self.runtime.sync_weights(
-            self.version, hold=self.rollout.holding()))
+        self.rollout.published(self.version, await self.trainer.call(
+            "weight export", lambda: self.runtime.sync_weights(
+                self.version, hold=self.rollout.holding())))
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
         record = step_record(self.version, fresh, replayed, rollout_metrics, train_metrics,
                              self.window.running, (t0, t1, t2, t3))
-        record |= self._govern(record)
+        record |= self._govern(record) | self.trainer.drain()
         # DORA: the new version's share of workers, before its prompts are dispatched.
         await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         record |= await self._boundary(record)

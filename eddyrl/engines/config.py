@@ -11,6 +11,7 @@ from ..validation import check_choice, check_positive, check_range, check_temper
 
 WeightChannelKind = Literal["auto", "collective", "object_store", "host"]
 ParamDtypeKind = Literal["fp32", "bf16", "fp16"]
+RankLossKind = Literal["replace", "shrink", "stop"]
 CheckpointingKind = Literal["none", "full", "selective"]
 OffloadKind = Literal["none", "optimizer", "all"]
 AttentionKind = Literal["auto", "mask", "varlen"]
@@ -178,6 +179,11 @@ class TrainConfig:
     # a lost rank is rebuilt from it bit for bit, without a checkpoint. Costs each rank twice
     # its shard's bytes of host memory; off: a lost rank needs the checkpoint path
     buddy_replication: bool = True
+    # what a lost trainer rank does to the run (docs/reliability.md, "Lost trainer ranks"):
+    # replace (a new rank on the lost one's device, or any free one; the group shrinks to the
+    # survivors when none starts), shrink (the survivors go on alone), stop (the run ends,
+    # resumable from its last checkpoint). In place needs buddy_replication and 2+ ranks
+    on_rank_loss: RankLossKind = "replace"
 
     def validate(self, prefix: str) -> None:
         from .registry import TRAIN_ENGINES
@@ -198,6 +204,7 @@ class TrainConfig:
         # the first step's compilation) would end the run as a lost rank
         check_range(f"{prefix}.collective_timeout_s", self.collective_timeout_s,
                     MIN_COLLECTIVE_TIMEOUT_S)
+        check_choice(f"{prefix}.on_rank_loss", self.on_rank_loss, get_args(RankLossKind))
         check_choice(f"{prefix}.param_dtype", self.param_dtype, get_args(ParamDtypeKind))
         check_choice(f"{prefix}.activation_checkpointing", self.activation_checkpointing,
                      get_args(CheckpointingKind))

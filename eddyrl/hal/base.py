@@ -320,6 +320,8 @@ class Platform:
 
         if local or address is not None:
             self.use_network(None if local else address)
+        for key, value in self.collective_error_env().items():  # a value the user set wins
+            os.environ.setdefault(key, value)
         if self.device_type != "cpu" and self.check_usable() is None:
             self.set_device(self.local_rank())
         dist.init_process_group(backend=self.composite_backend(),
@@ -327,6 +329,13 @@ class Platform:
                                 store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self._name_default_backend()
+
+    def collective_error_env(self) -> dict[str, str]:
+        """Environment for a group whose collectives can fail: a collective that fails or
+        times out raises in the rank's own thread, and the process lives on to leave the
+        group and join a new one (a lost trainer rank recovered in place,
+        docs/reliability.md). Gloo does this already; device backends override."""
+        return {}
 
     def _name_default_backend(self) -> None:
         """torch (2.13) names the default group's "default backend type" on some paths of

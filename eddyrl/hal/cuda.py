@@ -32,6 +32,14 @@ class CudaPlatform(Platform):
     def socket_env(self, interface: str, address: str) -> dict[str, str]:
         return {**super().socket_env(interface, address), "NCCL_SOCKET_IFNAME": interface}
 
+    def collective_error_env(self) -> dict[str, str]:
+        """NCCL's watchdog, on a collective that failed or timed out, by default ends the
+        process (`TORCH_NCCL_ASYNC_ERROR_HANDLING` 3, SkipCleanUp, in torch's
+        ProcessGroupNCCL.hpp `ErrorHandlingMode`): every surviving rank would die with the
+        lost one. 2 (CleanUpOnly) aborts the communicators and raises in the rank's thread,
+        which then leaves the group (`distributed.abandon`) and joins the new one."""
+        return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
     def new_standalone_group(self, store: Any, rank: int, world_size: int,
                              timeout_s: float = 600.0) -> Any:
         import torch.distributed as dist

@@ -92,3 +92,18 @@ def barrier(group=None) -> None:
 def destroy() -> None:
     if is_initialized():
         dist.destroy_process_group()
+
+
+def abandon() -> None:
+    """Leave a group one of whose members was lost, so that a new one can form: NCCL's
+    communicators are aborted first (their pending work would otherwise wait on the lost
+    member in the device's queue, and `destroy_process_group` with it); gloo's connections
+    to the lost member are closed already, and destroying the group is enough."""
+    if not is_initialized():
+        return
+    if "nccl" in str(dist.get_backend()):
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()  # every group of this process, the default one last
+    else:
+        dist.destroy_process_group()

@@ -16,7 +16,8 @@ from typing import Any, AsyncIterator, Sequence
 
 from ..core.rewarding import SafeReward, Scored
 from ..protocol import EngineStats, GenerationRequest, GenerationResult
-from ..runtime_protocol import Checkpointable, Elastic, Plannable, Recoverable, capabilities
+from ..runtime_protocol import (Checkpointable, Elastic, Plannable, Recoverable,
+                                TrainerRankLost, TrainerRecoverable, capabilities)
 from .trace import Trace
 
 # Most significant first: a worker loading weights while its stream is open is drawn as
@@ -225,8 +226,15 @@ class _TracedCheckpointable:
         await self._timed("checkpoint", self._role("train"), self.runtime.load(path))
 
 
+class _TracedTrainerRecoverable:
+    async def recover_trainer(self, lost: TrainerRankLost) -> dict[str, float]:
+        return await self._timed("replace", self._role("train"),
+                                 self.runtime.recover_trainer(lost))
+
+
 _FORWARDERS = {Elastic: _TracedElastic, Plannable: _TracedPlannable,
-               Recoverable: _TracedRecoverable, Checkpointable: _TracedCheckpointable}
+               Recoverable: _TracedRecoverable, Checkpointable: _TracedCheckpointable,
+               TrainerRecoverable: _TracedTrainerRecoverable}
 
 
 @functools.cache

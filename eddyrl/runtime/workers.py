@@ -21,6 +21,7 @@ from ..scheduler.buckets import worker_batch_size
 from .devices import bind_actor_device
 from .node import node_address
 from .node_files import DirectoryShipment, collect_directory
+from .rank_rebuild import RankRebuild
 
 if TYPE_CHECKING:
     from .config import ClusterConfig
@@ -209,13 +210,14 @@ class RolloutWorker:
         await self.engine.wake()
 
 
-class TrainerRank:
+class TrainerRank(RankRebuild):
     """One data-parallel rank of the trainer. Made in two steps, so that a group spanning
     nodes can form: the constructor prepares the process; `start(rendezvous)` joins the
     trainer group and builds the engines. The rendezvous is a `file://` path where every rank
     is on one machine, or the `tcp://` URL rank 0 serves on its node (`open_rendezvous`),
     passed to every rank by the runtime (hal/rendezvous.py). Given `init_method`, the
-    constructor starts at once (one process, tests)."""
+    constructor starts at once (one process, tests). After a lost rank, the survivors and a
+    replacement form a new group (`rejoin`, rank_rebuild.py)."""
 
     def __init__(self, settings: TrainerSettings, rank: int, world: int, init_method: str | None,
                  model: str | DirectoryShipment) -> None:
@@ -254,9 +256,9 @@ class TrainerRank:
             return self._servers[rendezvous].store
         return make_store(rendezvous, rank, world_size, self.settings.cluster.timeout_s)
 
-    def start(self, rendezvous: str) -> None:
+    def start(self, rendezvous: str, snapshot: bool = True) -> None:
         """Join the trainer group at `rendezvous` and build the training engine (and the KL
-        reference)."""
+        reference); with `snapshot`, the first buddy copies (of the initial state)."""
         settings, rank, world = self.settings, self.rank, self.world
         train, cluster = settings.train, settings.cluster
         temperature = logit_temperature(settings.sampling_temperature)
@@ -282,6 +284,9 @@ class TrainerRank:
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
         self.reference = build() if self.update.needs_reference else None
+        self._group_rendezvous = rendezvous
+        if snapshot:
+            self.engine.snapshot()
 
     def train(self, batch: TrainBatch, replica_results: list | None = None,
               replica_tokens: int = 0) -> dict[str, float]:
@@ -378,12 +383,13 @@ class TrainerRank:
         from a private copy on this node, removed after)."""
         if not isinstance(checkpoint, DirectoryShipment):
             self.engine.load(checkpoint)
-            return
-        local = tempfile.mkdtemp(prefix="eddy-resume-")
-        try:
-            self.engine.load(checkpoint.materialize(into=local))
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
+        else:
+            local = tempfile.mkdtemp(prefix="eddy-resume-")
+            try:
+                self.engine.load(checkpoint.materialize(into=local))
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+        self.engine.snapshot()  # the buddy copies hold the loaded state from now
 
     # ---- colocated placement: the device is the rollout engine's between training steps -----
     def offload(self) -> None:

@@ -59,3 +59,16 @@ class TrainEngine(abc.ABC):
     def onload(self) -> None:
         ...
 
+
+    # ---- in-place recovery of a lost rank (docs/reliability.md); an engine without copies
+    # of its state leaves a lost rank to the checkpoint path ----------------------------------
+    def snapshot(self) -> None:
+        """Copy this rank's state to a peer (buddy replication); all ranks together."""
+
+    def recovery_copies(self) -> tuple[object | None, object | None]:
+        """This rank's own last copy and the copy it keeps of a peer's (`shard_copy.ShardCopy`),
+        None where it has none."""
+        return None, None
+
+    def abandon(self) -> None:
+        """Leave a process group one of whose ranks was lost, so that a new one can form."""

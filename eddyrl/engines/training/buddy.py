@@ -143,6 +143,7 @@ class BuddyStore:
         self._copied: Any = None  # the last copy's event
         self._layout: Layout | None = None
         self._staging: torch.Tensor | None = None
+        self._staged_version: int | None = None  # of this rank's own copy in the staging buffer
         self._held: ShardCopy | None = None  # the ward's last complete copy
         self._lock = threading.Lock()
         self.stats = BuddyStats()
@@ -162,7 +163,9 @@ class BuddyStore:
             self._staging = self.platform.host_buffer(layout.nbytes)
             self._layout = layout
         views = layout.views(self._staging)
+        self._staged_version = None  # being overwritten until the copy lands
         self._copied = self.platform.copy_to_host_async([(t, views[k]) for k, t in state])
+        self._staged_version = version
         self.stats.wait_s, self.stats.copy_s = waited, time.perf_counter() - start - waited
         self._pending = self._pool.submit(self._transfer, version, layout, self._copied)
 
@@ -205,6 +208,26 @@ class BuddyStore:
         """The version of the ward's copy held now; None while one is arriving (or before)."""
         with self._lock:
             return None if self._held is None else self._held.version
+
+    def copies(self) -> tuple[ShardCopy | None, ShardCopy | None]:
+        """What a rebuild after a lost rank starts from: this rank's own last copy (as it was
+        sent, generators included) and its ward's, each None where there is none; clones, so
+        that closing the store frees nothing under them. The round in flight is waited for
+        first; its failure (a lost peer) is expected here and only logged."""
+        try:
+            self.flush()
+        except EddyError as exc:
+            log.warning(f"{exc}")
+        self.wait_copied()
+        own = None
+        if self._staged_version is not None and self._layout is not None:
+            own = ShardCopy(self.rank, self._staged_version,
+                            {k: v.clone() for k, v in self._layout.views(self._staging).items()})
+        with self._lock:
+            held = self._held
+        ward = None if held is None else ShardCopy(
+            held.rank, held.version, {k: v.clone() for k, v in held.tensors.items()})
+        return own, ward
 
     def restore(self, lost_rank: int, version: int) -> ShardCopy:
         """The copy of `lost_rank` (this rank's ward) at `version`, cloned out of the buffer."""

@@ -33,6 +33,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...errors import ConfigError
+from ... import fault_points
 from ..config import LoraConfig
 from ...hal import Platform, iter_buckets
 from ...hal import distributed as hd
@@ -255,7 +256,7 @@ class FSDPTrainEngine(TrainEngine):
         loss_sum, metric_sums, metric_maxima = 0.0, {}, {}
         if logprobs_out is not None:
             logprobs_out.zero_()  # positions after a micro-batch's cut: 0, as on padding
-        for micro in self._micro_batches(batch):
+        for index, micro in enumerate(self._micro_batches(batch)):
             padding = micro.rows is None
             micro = micro.to(self.device)
             with self.platform.profile_range("eddy.train.forward"):
@@ -266,6 +267,8 @@ class FSDPTrainEngine(TrainEngine):
             # FSDP2 averages gradients over ranks; we want their sum (see the module docstring).
             with self.platform.profile_range("eddy.train.backward"):
                 (loss * self.world_size).backward()
+            if index == 0:  # a test's fault: the others wait in the next collective
+                fault_points.reached("train_step", self.rank, self.version)
             tokens = 0.0 if padding else float(micro.batch.loss_mask.sum())
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
@@ -345,6 +348,8 @@ class FSDPTrainEngine(TrainEngine):
         With LoRA, `low_rank` sends only the adapted weights' factors (engines/low_rank.py),
         for a receiver that merges them itself; else every weight, the adapted ones merged.
         `export_bytes` says how many bytes that is."""
+        self._settle_copy()
+        fault_points.reached("weight_export", self.rank, self.version)
         if self.lora is None:
             named = self._full_tensors()
         else:
@@ -377,6 +382,7 @@ class FSDPTrainEngine(TrainEngine):
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, path: str, *, node_local: bool = False) -> None:
+        self._settle_copy()
         final = os.path.abspath(path)
         staging = final if node_local else final + ".tmp"
         if self.rank == 0:
@@ -392,6 +398,7 @@ class FSDPTrainEngine(TrainEngine):
         # Before the first step the optimizer has no state; asking for its state dict would
         # create it with step = 1 and change the next update, so record its absence instead.
         has_optim = bool(self.optimizer.state)
+        fault_points.reached("checkpoint_write", self.rank, self.version)
         if has_optim:
             save_optimizer(self.model, self.optimizer, os.path.join(staging, OPTIM_DIR),
                            self.rank)
@@ -434,10 +441,40 @@ class FSDPTrainEngine(TrainEngine):
         hd.barrier()
 
     def restore_shard(self, copy: buddy.ShardCopy) -> None:
-        """This rank rebuilt from its buddy's copy (`BuddyStore.restore`): its shards of the
-        weights and optimizer state, its generators and version, as they were after
-        `copy.version`. Local: every other rank keeps its own state."""
+        """This rank rebuilt from a copy (`BuddyStore.restore`, or `shard_copy.reshard` of
+        the old world's copies): its shards of the weights and optimizer state, its
+        generators and version, as they were after `copy.version`. Local: every other rank
+        takes its own."""
         buddy.restore_engine(self, copy)
+
+    # ---- buddy replication (buddy.py) ----------------------------------------------------
+    def snapshot(self) -> None:
+        """A copy of this rank's state now, to its buddy: at start, after a checkpoint's
+        load and after a rebuild (every optimizer step takes one itself). Every rank calls
+        it together (the first forms the copies' group)."""
+        if self.buddy is not None:
+            self.buddy.replicate(self.version)
+
+    def _settle_copy(self) -> None:
+        """Before a weight export or a checkpoint write: the copy of the last step has
+        reached the buddy, so that a rank lost in either is rebuilt at the version it
+        holds. Its transfer began at the step's end; what is left of it is waited for here."""
+        if self.buddy is not None:
+            self.buddy.flush()
+
+    def recovery_copies(self) -> tuple[buddy.ShardCopy | None, buddy.ShardCopy | None]:
+        """After a lost rank: this rank's own last copy and its ward's (`BuddyStore.copies`);
+        (None, None) without buddy replication."""
+        return self.buddy.copies() if self.buddy is not None else (None, None)
+
+    def abandon(self) -> None:
+        """Leave a group a rank was lost from (a rebuild follows): the buddy's round ended
+        (its failure logged), the process group abandoned (`distributed.abandon`)."""
+        if self.buddy is not None:
+            self.buddy.close()
+            self.buddy = None
+        if self._owns_group:
+            hd.abandon()
 
     def _check_lora_matches(self, path: str, saved_rank: int) -> None:
         rank = self.lora.rank if self.lora else 0

@@ -157,3 +157,66 @@ def _fill(key: str, local: torch.Tensor, saved: torch.Tensor) -> None:
         raise EddyError(f"{key}: this rank's shard is {tuple(local.shape)} {local.dtype}, the "
                         f"copy's {tuple(saved.shape)} {saved.dtype} (another rank's or world's?)")
     local.copy_(saved)
+
+
+# ---- another world's shard, from the copies of the old one --------------------------------
+Shapes = dict[str, tuple[int, ...]]
+
+
+def shapes_of(copy: ShardCopy) -> Shapes:
+    return {key: tuple(tensor.shape) for key, tensor in copy.tensors.items()}
+
+
+def rows_of(rank: int, world_size: int, rows: int) -> tuple[int, int]:
+    """The rows [start, end) of a dim-0 size `rows` that `rank` of `world_size` holds, as
+    FSDP2 shards (torch.chunk: chunks of ceil(rows / world), the last ones short or empty)."""
+    chunk = -(-rows // world_size)
+    return min(rank * chunk, rows), min((rank + 1) * chunk, rows)
+
+
+def reshard(shapes: list[Shapes], fetch: Any, world_size: int, rank: int, rng_from: int,
+            version: int) -> ShardCopy:
+    """Rank `rank`'s copy in a world of `world_size`, from the copies of every rank of the
+    old world (their `shapes` in old rank order, `fetch(i)` the copy of old rank i, fetched
+    only where its rows are needed). A parameter's (and its moments') rows are FSDP2's dim-0
+    chunks, in rank order: the old ranks' pieces end to end are the whole tensor, and the new
+    rank's chunk of it is cut from the pieces it overlaps. Scalars (AdamW's step, the same on
+    every rank) and generators come from old rank `rng_from`. In a world of the old size each
+    rank's chunk is exactly its old piece: the copy comes back bit for bit, unsliced."""
+    fetched: dict[int, ShardCopy] = {}
+
+    def piece(old: int) -> ShardCopy:
+        if old not in fetched:
+            fetched[old] = fetch(old)
+            if fetched[old].version != version:
+                raise EddyError(f"old rank {old}'s copy is of version {fetched[old].version}, "
+                                f"not {version}")
+        return fetched[old]
+
+    keys = list(shapes[0])
+    for old, other in enumerate(shapes):
+        if list(other) != keys:
+            raise EddyError(f"old rank {old}'s copy holds other tensors than old rank 0's: "
+                            f"{sorted(set(other) ^ set(keys))[:3]}")
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        if key.startswith(RNG) or len(shapes[0][key]) == 0:
+            out[key] = piece(rng_from).tensors[key]
+            continue
+        sizes = [s[key][0] for s in shapes]
+        start, end = rows_of(rank, world_size, sum(sizes))
+        parts, offset = [], 0
+        for old, size in enumerate(sizes):
+            lo, hi = max(start, offset), min(end, offset + size)
+            if lo < hi:
+                tensor = piece(old).tensors[key]
+                parts.append(tensor if (lo, hi) == (offset, offset + size)
+                             else tensor[lo - offset:hi - offset])
+            offset += size
+        if len(parts) == 1:
+            out[key] = parts[0]
+        elif parts:
+            out[key] = torch.cat(parts)
+        else:  # this rank's chunk of a short tensor is empty: its shape and dtype from the
+            out[key] = piece(rng_from).tensors[key][:0]  # copy fetched for its generators
+    return ShardCopy(rank, version, out)

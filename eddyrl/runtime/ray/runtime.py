@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 from ...protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ...core.batching import split_for_ranks
 from ...errors import WorkerLost
+from ...runtime_protocol import TrainerRankLost
 from ..node_files import DirectoryShipment
 from ..workers import RolloutWorker, TrainerRank, weight_group_layout
 from .calls import RayCalls
@@ -28,6 +29,7 @@ from .lifecycle import start_ray, stop_ray
 from .placement import actor_options, check_split_devices, colocation_group, role_group
 from .rollout_actors import PublishedWeights, RolloutActors
 from .trainer_calls import RankPlace, TrainerCalls
+from .trainer_rebuild import rebuild_trainer
 
 if TYPE_CHECKING:
     from ..settings import RuntimeSettings
@@ -91,20 +93,26 @@ class RayRuntime:
         # actors` shows) in a namespace of this run's own, so runs sharing a cluster never clash.
         self.namespace = f"eddy-{uuid.uuid4().hex[:12]}"
         self._switch_s = 0.0  # colocated hand-over time not yet reported in a step's metrics
+        # a trainer rank's actor; a replacement (`trainer_rebuild.py`) takes its predecessor's
+        # bundle, and its incarnation in its name
         trainer_cls = ray.remote(TrainerRank)
-        self.trainers = [trainer_cls.options(**actor_options(train_platform, cpus, share,
-                                                              groups["train"], rank),
-                                             name=f"trainer-{rank}", namespace=self.namespace
-                                             ).remote(settings.trainer, rank, world, None, model)
-                         for rank in range(world)]
+
+        def new_trainer(rank: int, world: int, incarnation: int = 0) -> Any:
+            return trainer_cls.options(
+                **actor_options(train_platform, cpus, share, groups["train"], rank),
+                name=f"trainer-{rank}" + (f".{incarnation}" if incarnation else ""),
+                namespace=self.namespace).remote(settings.trainer, rank, world, None, model)
+
+        self.new_trainer = new_trainer
+        self.trainer_generation = 0  # the trainer group's: +1 at each rebuild
+        self.trainers = [new_trainer(rank, world) for rank in range(world)]
         group = self._rendezvous("trainer_group", world)
         self.calls.get_all([(f"trainer rank {r}", "start (trainer group, model)",
                              t.start.remote(group)) for r, t in enumerate(self.trainers)])
         # Where each rank runs: what the report of its loss names (`trainer_calls.py`)
-        places = self.calls.get_all([(f"trainer rank {r}", "whereabouts", t.whereabouts.remote())
-                                     for r, t in enumerate(self.trainers)])
-        self.ranks = TrainerCalls(self.calls, [RankPlace(**p) for p in places],
-                                  settings.trainer.train.collective_timeout_s)
+        self.ranks = self._trainer_calls(self.calls.get_all(
+            [(f"trainer rank {r}", "whereabouts", t.whereabouts.remote())
+             for r, t in enumerate(self.trainers)]))
         if self.colocated:
             # The trainers' state waits in host memory before the engines sharing their
             # devices start, so each engine sizes its KV cache on a free device.
@@ -144,6 +152,14 @@ class RayRuntime:
                 "rollout": self.calls.get_all([(f"rollout worker {i}", "node address",
                                                 w.node_address.remote())
                                                for i, w in enumerate(self.workers)])}
+
+    def _trainer_calls(self, places: list[dict]) -> TrainerCalls:
+        return TrainerCalls(self.calls, [RankPlace(**p) for p in places],
+                            self.settings.trainer.train.collective_timeout_s)
+
+    async def recover_trainer(self, lost: TrainerRankLost) -> dict[str, float]:
+        """The trainer rebuilt without `lost`'s rank (trainer_rebuild.py)."""
+        return await rebuild_trainer(self, lost)
 
     @property
     def workers(self) -> list[Any]:

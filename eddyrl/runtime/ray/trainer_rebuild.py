@@ -1,0 +1,162 @@
+"""The trainer rebuilt in place after a lost rank (`RayRuntime.recover_trainer`), at the state
+of its last completed step, so that the interrupted call runs again (core/trainer_recovery.py).
+
+1. Why not: `train.on_rank_loss = stop`, one rank (no survivor), colocated placement (the lost
+   rank's device is its rollout worker's too), or no buddy copies
+   (`train.buddy_replication = false`): the loss ends the run, saying which.
+2. The lost rank's process is ended (`ray.kill`): one that stopped taking part still holds its
+   device, and a late message of it must not reach anyone.
+3. Each survivor reports its copies (`TrainerRank.recovery_copies`): its own last one and the
+   one it keeps of its ward. The rebuild needs every old rank's copy at one version, the
+   version the survivors' engines are at: the survivors' own, and the lost rank's from its
+   buddy (rank + 1). A survivor past its last copy (it finished the interrupted optimizer step
+   before the loss was known), or a buddy whose copy of the lost rank was still arriving, makes
+   that impossible: the run ends, saying so.
+4. The members: with `replace`, a new actor in the lost rank's bundle (its node if alive, else
+   wherever Ray finds the device), given `REPLACEMENT_WAIT_S` to start; the survivors alone
+   (`shrink`, or no replacement in time), renumbered in order.
+5. A new group: a new rendezvous name, `trainer_group.g<generation>` (a new file on one
+   machine, a new store on a new port across machines), so nothing of the old group can join
+   it. Every member leaves the old group, joins the new one and loads its shard, cut from the
+   old world's copies (`TrainerRank.rejoin`, `shard_copy.reshard`).
+6. The driver's view follows: the ranks' calls (their places, for the next loss's report),
+   their devices, the weight channel (its sender, rank 0, may be new).
+
+With a replacement the world is as before and each rank's shard is its copy, bit for bit: the
+rerun step computes what the lost attempt would have. Shrunk, the state is the same but the
+world is smaller: the next steps reduce over fewer ranks (equal in exact arithmetic, not
+bit for bit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...runtime_protocol import TrainerRankLost
+from ..rank_rebuild import CopyInfo, RebuildPlan
+
+if TYPE_CHECKING:
+    from .runtime import RayRuntime
+
+log = logging.getLogger(__name__)
+
+# How long a replacement rank may take to start (Ray placing it, the process, its imports)
+# before the group shrinks to the survivors instead; at most cluster.timeout_s.
+REPLACEMENT_WAIT_S = 120.0
+
+
+async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[str, float]:
+    import ray
+
+    began = runtime.now()
+    why = why_not_in_place(runtime, lost)
+    if why:
+        raise lost.not_recovered(why)
+    world = len(runtime.trainers)
+    ray.kill(runtime.trainers[lost.rank], no_restart=True)
+    survivors = [r for r in range(world) if r != lost.rank]
+    refs = {r: runtime.trainers[r].recovery_copies.options(num_returns=3).remote()
+            for r in survivors}
+    infos = await runtime.calls.call_all([(f"trainer rank {r}", "recovery copies", refs[r][0])
+                                          for r in survivors])
+    version, why = common_version(lost.rank, world, dict(zip(survivors, infos)))
+    if why:
+        raise lost.not_recovered(why)
+    by_rank: dict[int, CopyInfo] = dict(zip(survivors, infos))
+    keeper = (lost.rank + 1) % world
+    pieces = [refs[keeper][2] if r == lost.rank else refs[r][1] for r in range(world)]
+    shapes = [by_rank[keeper].ward_shapes if r == lost.rank else by_rank[r].own_shapes
+              for r in range(world)]
+    members = [(runtime.trainers[r], r) for r in survivors]  # (actor, old rank: generators)
+    replacement = None
+    if runtime.settings.trainer.train.on_rank_loss == "replace":
+        replacement = await _replacement(runtime, lost.rank, world)
+        if replacement is not None:
+            members.insert(lost.rank, (replacement, lost.rank))
+    new_world = len(members)
+    runtime.trainers = [actor for actor, _ in members]
+    runtime.trainer_generation += 1
+    rendezvous = await asyncio.to_thread(
+        runtime._rendezvous, f"trainer_group.g{runtime.trainer_generation}", new_world)
+    await runtime.calls.call_all([
+        (f"trainer rank {rank}", f"rejoin (group generation {runtime.trainer_generation})",
+         actor.rejoin.remote(rendezvous, rank, new_world,
+                             RebuildPlan(pieces, shapes, old, version)))
+        for rank, (actor, old) in enumerate(members)])
+    await _follow(runtime)
+    return {"trainer_world": float(new_world), "trainer_replaced": float(replacement is not None),
+            "trainer_rebuild_s": runtime.now() - began}
+
+
+def why_not_in_place(runtime: RayRuntime, lost: TrainerRankLost) -> str:
+    """Why `lost` cannot be recovered in place; empty where it can (so far as the settings
+    tell: the copies are checked next)."""
+    train = runtime.settings.trainer.train
+    if train.on_rank_loss == "stop":
+        return "train.on_rank_loss = stop"
+    if len(runtime.trainers) < 2:
+        return "it was the only trainer rank: no survivor holds the state"
+    if runtime.colocated:
+        return ("cluster.placement = colocated: its device is rollout worker "
+                f"{lost.rank}'s too; in-place recovery needs cluster.placement = split")
+    if not train.buddy_replication:
+        return "train.buddy_replication = false: no copy of its shard was kept"
+    return ""
+
+
+def common_version(lost: int, world: int, infos: dict[int, CopyInfo]) -> tuple[int, str]:
+    """The version every old rank's copy is at, or why there is none: each survivor's own
+    copy at its engine's version, all alike, and the lost rank's kept by its buddy at it."""
+    live = {info.live_version for info in infos.values()}
+    if len(live) != 1:
+        return -1, f"the surviving ranks are at different versions {sorted(live)}"
+    (version,) = live
+    for rank, info in sorted(infos.items()):
+        if info.own_version is None:
+            return -1, (f"trainer rank {rank} holds no copy of its state (its engine keeps "
+                        "none)")
+        if info.own_version != version:
+            return -1, (f"trainer rank {rank} is at version {version} but its last copy is "
+                        f"of version {info.own_version}: it was lost between an optimizer "
+                        "step and its copy")
+    keeper = infos[(lost + 1) % world]
+    if keeper.ward != lost or keeper.ward_version != version:
+        held = "none" if keeper.ward_version is None else f"version {keeper.ward_version}"
+        return -1, (f"trainer rank {keeper.rank} keeps rank {lost}'s copy and holds {held}, "
+                    f"not version {version} (the copy was arriving when the rank was lost)")
+    return version, ""
+
+
+async def _replacement(runtime: RayRuntime, rank: int, world: int) -> Any | None:
+    """A new actor for `rank`, started, or None (ended) if it did not start in time."""
+    import ray
+
+    runtime.trainer_replacements = getattr(runtime, "trainer_replacements", 0) + 1
+    actor = runtime.new_trainer(rank, world, runtime.trainer_replacements)
+    wait_s = min(REPLACEMENT_WAIT_S, runtime.settings.cluster.timeout_s)
+    try:
+        await asyncio.wait_for(runtime.calls.call(f"trainer rank {rank} (replacement)",
+                                                  "start", actor.whereabouts.remote()), wait_s)
+        return actor
+    except Exception as exc:  # not placed in time, or its start failed: shrink instead
+        log.warning(f"a replacement for trainer rank {rank} did not start ({exc!r:.300}); "
+                    "the trainer goes on with the surviving ranks")
+        ray.kill(actor, no_restart=True)
+        return None
+
+
+async def _follow(runtime: RayRuntime) -> None:
+    """The driver's view of the new group: its ranks' places, devices and nodes, and the
+    weight channel from its rank 0."""
+    trainers = list(enumerate(runtime.trainers))
+    places = await runtime.calls.call_all([(f"trainer rank {r}", "whereabouts",
+                                            t.whereabouts.remote()) for r, t in trainers])
+    runtime.ranks = runtime._trainer_calls(places)
+    if runtime.devices is not None:
+        runtime.devices["trainer"] = await runtime.calls.call_all(
+            [(f"trainer rank {r}", "device", t.device_binding.remote()) for r, t in trainers])
+    if runtime.placement is not None:
+        runtime.placement["trainer"] = [place["node"] for place in places]
+    await asyncio.to_thread(runtime._connect_weight_channel)
