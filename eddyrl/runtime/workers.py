@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import torch
 
+from .. import fault_points
 from ..protocol import GenerationRequest, GenerationResult, TrainBatch
 from ..core.update import PolicyUpdate, ReplicaShare, logit_temperature
 from ..engines.registry import LOW_RANK_RECEIVERS, load_engine_class
@@ -52,6 +53,7 @@ class RolloutWorker:
         (they take turns on it); None to take a free one (`runtime/devices.py`)."""
         _prepare_process(settings.cluster)
         self.settings = settings
+        self.index = index
         self.platform = get_platform(settings.platforms.rollout)
         self.device = bind_actor_device(self.platform, f"rollout worker {index}", shared=device)
         self.model_path = model_path = local_model_dir(model)
@@ -173,6 +175,7 @@ class RolloutWorker:
                           ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """This share's gradients, normalised over the whole step's `total_tokens`."""
         assert self.replica is not None and self.replica.version >= 0, "not a ready replica"
+        fault_points.reached("replica_step", self.index, self.replica.version)  # a test's
         # the trainer ranks' update, on this share
         update = PolicyUpdate(self.settings.algorithm)
         return update.replica_gradients(batch, self.replica, total_tokens)
@@ -296,13 +299,22 @@ class TrainerRank(RankRebuild):
         step, awaited only after this rank's own backward passes (elastic pool)."""
         replicas = _replica_gradients(replica_results) if replica_results else None
         with self.platform.profile_range("eddy.train.step"):
-            metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
-                                  replica_tokens=replica_tokens)
+            try:
+                metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
+                                      replica_tokens=replica_tokens)
+            except BaseException:
+                if replicas is not None:
+                    # A replica's gradients never came (its process died): the driver reruns
+                    # the step without it. The fetch comes before the optimizer step, so only
+                    # this attempt's own gradients are left, which must not add to the rerun's.
+                    self.engine.model.zero_grad(set_to_none=True)
+                raise
         # what each weight sync sends, and its share of the whole model's bytes (LoRA: the
         # adapter's factors to an engine that merges them, docs/engines.md)
         sent = self.engine.export_bytes(low_rank=self._low_rank_sync)
         return {**metrics, "sync_bytes": float(sent),
-                "sync_fraction": sent / self.engine.full_sync_bytes}
+                "sync_fraction": sent / self.engine.full_sync_bytes,
+                **self.engine.replication_metrics()}
 
     @property
     def _low_rank_sync(self) -> bool:

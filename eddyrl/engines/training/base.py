@@ -65,6 +65,10 @@ class TrainEngine(abc.ABC):
     def snapshot(self) -> None:
         """Copy this rank's state to a peer (buddy replication); all ranks together."""
 
+    def replication_metrics(self) -> dict[str, float]:
+        """What copying the state to a peer cost the last step (seconds, by name)."""
+        return {}
+
     def recovery_copies(self) -> tuple[object | None, object | None]:
         """This rank's own last copy and the copy it keeps of a peer's (`shard_copy.ShardCopy`),
         None where it has none."""

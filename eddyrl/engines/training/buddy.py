@@ -114,11 +114,14 @@ class RingTransport:
 class BuddyStats:
     """The last round's costs: `copy_s` and `wait_s` on the trainer's critical path (the copy
     into the staging buffer; waiting for the previous round), `transfer_s` in the background;
-    `host_bytes`: this rank's staging buffer plus the ward's copy."""
+    `fence_s`: the last wait at a weight export or a checkpoint write for the round to land
+    (`settle`), on the critical path too; `host_bytes`: this rank's staging buffer plus the
+    ward's copy."""
 
     rounds: int = 0
     copy_s: float = 0.0
     wait_s: float = 0.0
+    fence_s: float = 0.0
     transfer_s: float = 0.0
     host_bytes: int = 0
     totals: dict[str, float] = field(default_factory=lambda: {
@@ -190,6 +193,12 @@ class BuddyStore:
         """Before the optimizer changes the state: the last copy has landed."""
         if self._copied is not None:
             self._copied.synchronize()
+
+    def settle(self) -> None:
+        """`flush`, timed (`stats.fence_s`): before a weight export or a checkpoint write."""
+        start = time.perf_counter()
+        self.flush()
+        self.stats.fence_s = time.perf_counter() - start
 
     def flush(self) -> None:
         """Wait for the round in flight; its failure is raised here, naming the buddy."""

@@ -403,6 +403,10 @@ class FSDPTrainEngine(TrainEngine):
             save_optimizer(self.model, self.optimizer, os.path.join(staging, OPTIM_DIR),
                            self.rank)
         save_rng(self.platform, staging, self.rank)  # dropout, sampling: an exact resume
+        # every rank's files are in staging before rank 0 renames it: a rank still writing
+        # its RNG file after the rename would leave it out of the checkpoint, in a stray
+        # directory (found under load: a rank's makedirs raced the rename)
+        hd.barrier()
         if self.rank == 0:
             if self.lora is None:
                 self.model.save_pretrained(staging, state_dict=full)
@@ -460,7 +464,17 @@ class FSDPTrainEngine(TrainEngine):
         reached the buddy, so that a rank lost in either is rebuilt at the version it
         holds. Its transfer began at the step's end; what is left of it is waited for here."""
         if self.buddy is not None:
-            self.buddy.flush()
+            self.buddy.settle()
+
+    def replication_metrics(self) -> dict[str, float]:
+        """What buddy replication cost the last step on this rank's critical path: the copy
+        into host memory after it, the wait for the round before it, and the last export's or
+        checkpoint's wait for a round to land (`_max`: the slowest rank's)."""
+        if self.buddy is None:
+            return {}
+        stats = self.buddy.stats
+        return {"buddy_copy_s_max": stats.copy_s, "buddy_wait_s_max": stats.wait_s,
+                "buddy_fence_s_max": stats.fence_s}
 
     def recovery_copies(self) -> tuple[buddy.ShardCopy | None, buddy.ShardCopy | None]:
         """After a lost rank: this rank's own last copy and its ward's (`BuddyStore.copies`);
