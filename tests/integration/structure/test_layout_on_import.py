@@ -40,15 +40,17 @@ def test_sans_io_modules_load_no_torch_and_no_ray():
 def _runtimes():
     from eddyrl.observability.tracing import TracingRuntime, _traced_class
     from eddyrl.runtime.inprocess import InProcessRuntime
-    from eddyrl.runtime_protocol import Checkpointable, Elastic, Plannable, Recoverable
+    from eddyrl.runtime_protocol import (Checkpointable, Elastic, Plannable, Recoverable,
+                                         TrainerRecoverable)
     from eddyrl.sim.runtime import SimRuntime
 
     ray = pytest.importorskip("eddyrl.runtime.ray")
-    every = (Elastic, Recoverable, Checkpointable, Plannable)
+    every = (Elastic, Recoverable, Checkpointable, Plannable, TrainerRecoverable)
     return [(ray.RayRuntime, every), (SimRuntime, (Elastic, Plannable)),
             (InProcessRuntime, ()), (TracingRuntime, ()),
             *((_traced_class(caps), caps) for caps in
-              [every, (Elastic, Plannable), (Recoverable,), (Checkpointable,)])]
+              [every, (Elastic, Plannable), (Recoverable,), (Checkpointable,),
+               (TrainerRecoverable,)])]
 
 
 def test_every_runtime_conforms_to_the_protocols_it_claims():
