@@ -185,6 +185,7 @@ def training_options(config: EddyConfig, attention: str, foreach: bool = True) -
         gradient_accumulation=step_rows > rows, foreach_optimizer=foreach,
         lora_dropout=bool(train.lora.rank and train.lora.dropout > 0),
         world_size=train.num_workers, param_dtype=train.param_dtype,
+        buddy_replication=train.buddy_replication,
         tokens_per_micro_batch=tokens, rows_per_micro_batch=rows,
         activation_checkpointing=train.activation_checkpointing,
         logprob_chunk_tokens=train.logprob_chunk_tokens, offload=train.offload,
@@ -223,15 +224,19 @@ def train_role(config: EddyConfig, shape: ModelShape, attention: str,
     options = training_options(config, attention, foreach=not on_host)
     memory = training_memory(shape, options)
     terms = {k: v for k, v in memory.as_dict().items()
-             if isinstance(v, int) and k not in ("host", "peak")}
+             if isinstance(v, int) and k not in ("host", "buddy", "peak")}
     peak = int(memory.peak)
-    if on_host and memory.host:
-        terms["offloaded"] = int(memory.host)
+    if on_host:  # the host memory is this trainer's device
+        for term, size in (("offloaded", memory.host - memory.buddy),
+                           ("buddy copies", memory.buddy)):
+            if size:
+                terms[term] = int(size)
         peak += int(memory.host)
     return RolePlan("train", terms, peak,
                     {"tokens_per_micro_batch": options.tokens_per_micro_batch,
                      "rows_per_micro_batch": options.rows_per_micro_batch,
-                     "host_bytes": int(memory.host), "attention": attention,
+                     "host_bytes": int(memory.host), "buddy_bytes": int(memory.buddy),
+                     "attention": attention,
                      "moment": getattr(memory, "moment", "")})
 
 

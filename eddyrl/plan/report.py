@@ -59,7 +59,9 @@ def _device_table(device: DevicePlan) -> list[str]:
 
 def _details(role: str, details: dict[str, Any]) -> list[str]:
     if role == "train":
-        host = f", {gib(details['host_bytes'])} GiB in host memory" \
+        buddy = f" ({gib(details['buddy_bytes'])} GiB of it buddy copies)" \
+            if details.get("buddy_bytes") else ""
+        host = f", {gib(details['host_bytes'])} GiB in host memory{buddy}" \
             if details.get("host_bytes") else ""
         moment = f"; the peak at the {details['moment']}" if details.get("moment") else ""
         return [f"train: {details['tokens_per_micro_batch']} tokens per micro-batch "

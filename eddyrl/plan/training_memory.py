@@ -44,8 +44,12 @@ micro-batch) are alive in every moment; the moments are alive in all but offload
 Offload (offload.py): `optimizer` keeps the moments on the host except during the step;
 `all` keeps weights, gradients and moments on the host (FSDP2's CPUOffloadPolicy: each group's
 shard is copied to the device before its all-gather, the step runs on the host); what moved
-is `host`. LoRA (rank r on `lora_targets`): the base weights stay, frozen: no gradients, no
-moments; the adapters (r x (in + out) per adapted linear) train.
+is `host`. Buddy replication (engines/training/buddy.py, `train.buddy_replication`) with two
+or more ranks: each rank holds its own shard of the trainable weights (fp32) and of AdamW's
+moments twice in host memory, its staging buffer and its ward's copy (`buddy`, counted in
+`host`; the step count and RNG state it copies besides are a few bytes). LoRA (rank r on
+`lora_targets`): the base weights stay, frozen: no gradients, no moments; the adapters
+(r x (in + out) per adapted linear) train.
 
 The dense packing mask (`attention: mask`): one bool [S, S] per packed row, alive for the
 forward and the backward (the attention kernel keeps it). `eager` attention builds an additive
@@ -83,6 +87,7 @@ class TrainingOptions:
     lora_dropout: bool = False
     gradient_accumulation: bool = True  # more than one micro-batch a step
     foreach_optimizer: bool = True  # torch's AdamW: foreach on accelerators, per tensor on CPU
+    buddy_replication: bool = False  # each rank's shard copied to a peer's host memory
 
     def __post_init__(self) -> None:
         checks = (("param_dtype", self.param_dtype, tuple(DTYPE_BYTES)),
@@ -115,7 +120,8 @@ class TrainingMemory:
     logprob: int  # the LM head's chunk buffers, its saved inputs and weight-gradient buffers
     attention_mask: int
     comm_buffers: int  # reduce-scatter / offload staging buffers
-    host: int  # bytes that offload keeps in host memory instead
+    host: int  # bytes in host memory: what offload keeps there instead, and `buddy`
+    buddy: int = 0  # buddy replication's two copies of a shard, in host memory (in `host`)
     moment: str = ""
     moments: dict = dataclasses.field(default_factory=dict, compare=False)
 
@@ -174,13 +180,17 @@ def memory_moments(shape: ModelShape, o: TrainingOptions) -> dict[str, TrainingM
     master = total * FP32 // w
     moments = 2 * trainable * FP32 // w
     sharded_grads = trainable * FP32 // w
-    host = 0
+    offloaded = 0
     on_device_master, on_device_moments, on_device_grads = master, moments, sharded_grads
     if o.offload == "optimizer":
-        host, on_device_moments = moments, 0
+        offloaded, on_device_moments = moments, 0
     elif o.offload == "all":
-        host = master + moments + sharded_grads
+        offloaded = master + moments + sharded_grads
         on_device_master = on_device_moments = on_device_grads = 0
+    # the staging buffer and the ward's copy: the trainable shard (fp32) and its moments
+    # each; one rank alone has no buddy and copies nothing
+    buddy = 2 * (trainable * FP32 // w + moments) if o.buddy_replication and w > 1 else 0
+    host = offloaded + buddy
     accumulated = on_device_grads if o.gradient_accumulation else 0
     gathered_root = root * c
     staging = layer * FP32 // w if o.offload == "all" else 0  # a shard copied to the device
@@ -230,7 +240,8 @@ def memory_moments(shape: ModelShape, o: TrainingOptions) -> dict[str, TrainingM
         return TrainingMemory(weights=int(weights), gradients=int(gradients),
                               optimizer=int(optimizer), activations=int(activations),
                               logprob=int(logprob), attention_mask=int(attention_mask),
-                              comm_buffers=int(comm + staging), host=int(host))
+                              comm_buffers=int(comm + staging), host=int(host),
+                              buddy=int(buddy))
 
     base_weights = on_device_master + gathered_root
     out = {

@@ -3,14 +3,18 @@ the real controller and streaming rollout, checked after every event and at the 
 
 Each seed picks the settings (K 0-4, partial rollout, DORA's migration and legacy fill,
 streaming refill, Libra's router, multi-turn episodes with tools, a lost worker and its
-replacement, an elastic lend and take-back, engine faults) and drives the real loop
-(`eddyrl.build.build_controller`) on scripted engines whose turns end after a seeded number of
-tokens, each token followed by a seeded number of event-loop turns, and environments that
-answer after a seeded number of turns: the interleaving of dispatches, token progress,
+replacement, an elastic lend and take-back, engine faults, lost trainer ranks) and drives the
+real loop (`eddyrl.build.build_controller`) on scripted engines whose turns end after a seeded
+number of tokens, each token followed by a seeded number of event-loop turns, and environments
+that answer after a seeded number of turns: the interleaving of dispatches, token progress,
 finishes, aborts, refusals, moves, weight publishes (busy, idle, held), lends, losses, turn
 ends and tool returns differs from seed to seed. Engine faults (`faults`): a duplicate final
 result, progress after a final, a result for a request no one sent, a lost worker's result
-arriving after its replacement — each must be counted and ignored.
+arriving after its replacement — each must be counted and ignored. Trainer losses
+(`trainer_loss`): a trainer rank is lost during a training step or a weight publish, before
+the call took effect, after, or part way (some engines already hold the new weights), sometimes
+twice in one call; the fake trainer's rebuild (`recover_trainer`) goes back to what its last
+call that returned left, and the controller runs the call again (core/trainer_recovery.py).
 
 After every event the runtime sees (each result, abort, train step, weight sync, lend,
 replacement): the request table's invariants (each request in one status; the counts derived
@@ -18,7 +22,10 @@ from the records equal the kept ones) and C1 on every result (one version per re
 unless partial rollout). The book may be behind an engine for a moment (a request sent for a
 version its idle engine just replaced is refused and restarts): C1 is the engines' output.
 After the run: C2 (trained groups whole, every sample present), C3 (lag <= K) and
-exactly-once (the ledger: no prompt trained twice as fresh, no group trained twice).
+exactly-once (the ledger: no prompt trained twice as fresh, no group trained twice); with
+trainer losses also: each batch the controller handed the trainer is in its committed record
+exactly once, and every injected loss was recovered once and is in its step's record
+(`trainer_recoveries`).
 
 A failing seed is reported (`sweep`) with its settings, the fewest steps that still fail,
 the last events, and the command that reruns it alone. The sweep over thousands of seeds:
@@ -41,6 +48,7 @@ from eddyrl.envs import Environment, EpisodeLimits, Reply
 from eddyrl.envs.loading import EnvironmentFactory
 from eddyrl.errors import WorkerLost
 from eddyrl.protocol import GenerationResult, SamplingParams
+from eddyrl.runtime_protocol import ACTOR_DIED, COLLECTIVE_TIMED_OUT, TrainerRankLost
 from eddyrl.scheduler.buckets import BucketSpec, RoutingConfig
 from eddyrl.scheduler.elastic import ElasticConfig
 from eddyrl.tasks.prompts import Prompt, PromptSet
@@ -121,17 +129,68 @@ class Dice(Environment):
                      status=self.rng.choice(["success", "failure"]))
 
 
+class TrainerLosses:
+    """Where the schedule loses a trainer rank: each attempt of a trainer call is lost with
+    probability `chance`, at a seeded point among its effects (0: before the first; `effects`:
+    after the last), at most `MAX_PER_CALL` times in a row, so that the call completes (the
+    controller gives up after three: trainer_recovery.py). Its own stream, so that the
+    schedules without trainer losses are the ones they always were."""
+
+    MAX_PER_CALL = 2
+
+    def __init__(self, seed: int, chance: float) -> None:
+        self.rng = random.Random(f"{seed}:trainer_losses")
+        self.chance = chance
+        self.in_call = 0  # losses of the call now running
+        self.this_step = 0  # since the last weight publish returned
+        self.by_step: dict[int, int] = {}  # the version each publish made -> losses in its step
+        self.where: list[tuple[str, int, int]] = []  # (call, point, effects) of each loss
+        self.repeated = 0  # losses of an attempt that ran again after a loss
+
+    @property
+    def injected(self) -> int:
+        return len(self.where)
+
+    def point(self, effects: int) -> int | None:
+        """The point of this attempt's loss, or None: no loss."""
+        if self.chance == 0.0 or self.in_call >= self.MAX_PER_CALL or \
+                self.rng.random() >= self.chance:
+            return None
+        return self.rng.randrange(effects + 1)
+
+    def lose(self, during: str, point: int, effects: int) -> TrainerRankLost:
+        self.repeated += self.in_call > 0
+        self.in_call += 1
+        self.this_step += 1
+        self.where.append((during, point, effects))
+        return TrainerRankLost(self.rng.randrange(4), during,
+                               self.rng.choice([ACTOR_DIED, COLLECTIVE_TIMED_OUT]),
+                               node=f"node-{self.rng.randrange(2)}")
+
+    def returned(self, published: int | None = None) -> None:
+        """A trainer call returned; after a weight publish, its step's losses are counted."""
+        self.in_call = 0
+        if published is not None:
+            self.by_step[published], self.this_step = self.this_step, 0
+
+
 class ScheduleRuntime:
     """Engines in this process, a trainer that records batches, weight publishes that stage on
     busy engines (held where asked); optionally worker 0 lost once (and replaced: a call of
-    the lost process may still deliver one late result), and lending to training. After every
-    event: `check`."""
+    the lost process may still deliver one late result), lending to training, and trainer
+    ranks lost (`TrainerLosses`) and the trainer rebuilt. After every event: `check`."""
 
-    def __init__(self, engines, rng: random.Random, lose_at: int | None, partial: bool) -> None:
+    def __init__(self, engines, rng: random.Random, lose_at: int | None, partial: bool,
+                 trainer_losses: TrainerLosses) -> None:
         self.workers = engines
         self.rng = rng
         self.partial = partial
+        # The trainer's committed state: what its last call that returned left (the batches
+        # it trained, the version it published); a rebuild goes back to it.
         self.batches: list[list] = []
+        self.handed: list[list] = []  # every batch `train` was called with, each attempt
+        self.losses = trainer_losses
+        self.committed = (0, 0)  # (len(batches), published) when the last call returned
         self.events: list[tuple] = []
         self.published = 0
         self.results = 0
@@ -177,19 +236,54 @@ class ScheduleRuntime:
     async def worker_stats(self):
         return [engine.stats() for engine in self.workers]
 
+    def _lost(self, during: str, point: int, effects: int) -> TrainerRankLost:
+        lost = self.losses.lose(during, point, effects)
+        self.check(("trainer rank lost", during, point, effects))
+        return lost
+
+    def _returned(self, published: int | None = None) -> None:
+        self.committed = (len(self.batches), self.published)
+        self.losses.returned(published)
+
     async def train(self, batch, replicas=()):
+        self.handed.append(batch)
+        lose_at = self.losses.point(1)  # 0: before the batch is trained, 1: after
+        if lose_at == 0:
+            raise self._lost("train_step", 0, 1)
         self.batches.append(batch)
         self.check(("train", len(self.batches), tuple(replicas)))
         for _ in range(self.rng.randrange(3)):
             await asyncio.sleep(0)
+        if lose_at == 1:
+            raise self._lost("train_step", 1, 1)
+        self._returned()
         return {}
 
     async def sync_weights(self, version, hold=()):
-        self.published = version
+        # the loss's point: the number of engines that received the new weights before it
+        lose_at = self.losses.point(len(self.workers))
+        if lose_at != 0:
+            self.published = version
         for index, engine in enumerate(self.workers):
+            if index == lose_at:
+                raise self._lost("weight export", index, len(self.workers))
             await engine.load_weights(version, hold=index in hold)
         self.check(("sync", version, tuple(hold)))
+        if lose_at == len(self.workers):
+            raise self._lost("weight export", lose_at, lose_at)
+        self._returned(published=version)
         return [engine.version for engine in self.workers]
+
+    async def recover_trainer(self, lost):
+        """The trainer rebuilt at its last completed step: what the interrupted attempt did to
+        it is gone (engines that received its weights keep them, as real ones would). The
+        rebuild takes a seeded number of event-loop turns, while the rollout goes on."""
+        trained, self.published = self.committed
+        del self.batches[trained:]
+        for _ in range(self.losses.rng.randrange(4)):
+            await asyncio.sleep(0)
+        self.check(("trainer rebuilt", lost.rank, trained, self.published))
+        return {"trainer_world": 2.0}
 
     async def replace_worker(self, worker):
         old = self.workers[worker]
@@ -251,8 +345,10 @@ def _settings(seed: int, steps: int = 5) -> tuple[dict, LoopSettings, int, rando
         pad_id=0, max_batch_size=4, routing=routing, env=env,
         elastic=ElasticConfig(enabled=choice["elastic"], schedule=schedule,
                               min_rollout_workers=1))
-    # Drawn from its own stream, so that adding it left every older seed's schedule as it was.
+    # Drawn from their own streams, so that adding them left every older seed's schedule as
+    # it was.
     choice["stragglers"] = random.Random(f"{seed}:stragglers").random() < 0.4
+    choice["trainer_loss"] = random.Random(f"{seed}:trainer_loss").random() < 0.3
     return choice, settings, workers, rng
 
 
@@ -264,7 +360,8 @@ def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
                              choice["stragglers"], partial_rollout=choice["partial"])
                for _ in range(workers)]
     runtime = ScheduleRuntime(engines, rng, rng.randrange(1, 20) if choice["lose"] else None,
-                              choice["partial"])
+                              choice["partial"],
+                              TrainerLosses(seed, 0.3 if choice["trainer_loss"] else 0.0))
     controller = build_controller(settings, runtime, _prompts(40), _prompts(2),
                                   decode=lambda ids: "x" * len(ids),
                                   reward=SafeReward(lambda text, answer: float(len(text) % 2)),
@@ -275,7 +372,7 @@ def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
         return await asyncio.wait_for(controller.run(), timeout=60)
 
     try:
-        asyncio.run(go())
+        summary = asyncio.run(go())
         k = choice["K"]
         for step, groups in enumerate(runtime.batches):  # the trainer was at version `step`
             for group in groups:
@@ -291,10 +388,31 @@ def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
         assert len(trained) == len(set(trained)), "a group trained twice as fresh"
         once = controller.ledger.check_exactly_once(range(40), 0)
         assert not once.duplicated, ("exactly-once", once)
+        _check_trainer_recovery(controller, runtime, summary)
     except BaseException as exc:
         exc.add_note(f"last events: {runtime.events[-8:]}")
         raise
     return choice, runtime
+
+
+def _check_trainer_recovery(controller, runtime: ScheduleRuntime, summary: dict) -> None:
+    """Each batch handed to the trainer is in its committed record once, in the order handed
+    (a retried attempt hands the same batch object); the last publish is the last step's; each
+    injected loss was recovered once, and is in its step's record and in the summary."""
+    handed = list({id(batch): batch for batch in runtime.handed}.values())
+    committed = [id(batch) for batch in runtime.batches]
+    assert committed == [id(batch) for batch in handed], (
+        "trained once", len(handed), len(committed), len(set(committed)))
+    assert runtime.published == controller.version, ("published", runtime.published,
+                                                     controller.version)
+    losses = runtime.losses
+    assert controller.trainer.recoveries == losses.injected, (
+        "recoveries", controller.trainer.recoveries, losses.where)
+    assert len(summary.get("trainer_recoveries", [])) == losses.injected, (
+        "summary", summary.get("trainer_recoveries"), losses.where)
+    per_step = {m["step"]: m.get("trainer_recoveries", 0) for m in controller.history}
+    assert per_step == {step: losses.by_step.get(step, 0) for step in per_step}, (
+        "step records", per_step, losses.by_step)
 
 
 def _report(seed: int, steps: int, exc: BaseException) -> str:
