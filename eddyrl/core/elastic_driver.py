@@ -9,6 +9,12 @@ At each step boundary the driver
    streaming rollout, and reports back what finished since the last boundary;
 3. names the joined replicas whose gradients count in the next step (`replicas`).
 
+A replica whose process died mid-step was dropped from that step by the runtime, which reran it
+on the core ranks alone and names it in the step's metrics (`replicas_lost`: worker -> why).
+At the boundary the pool forgets its move (`ElasticPool.lost`) and the rollout replaces the
+process as for any lost rollout worker (`StreamingRollout.worker_lost`); nothing is asked of
+the dead process (no `leave_training`).
+
 Nothing here makes a step wait for a worker to be lent or given back (Libra's "worker
 migration"; in Eddy migration is only a request's move, `moves.py`). What takes time —
 sleeping an engine and building a replica, waking it and loading weights — runs as background
@@ -77,6 +83,8 @@ class ElasticDriver:
     async def boundary(self, step: int, version: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """After step `step` (the trainer now at `version`, weights synced): decide, report,
         act. Returns metrics for the step's record."""
+        for worker, why in (metrics.get("replicas_lost") or {}).items():
+            await self._lost(int(worker), why)
         await self._collect_finished()
         await self._report_fetched(version)
         for action in self.pool.step_boundary(step):
@@ -114,7 +122,10 @@ class ElasticDriver:
             return
         if decision.change is Change.BORROW:
             # the least busy serving worker: its requests move away fastest
-            candidates = self.pool.joinable()
+            serving = self.rollout.serving()  # not one being replaced
+            candidates = [w for w in self.pool.joinable() if serving[w]]
+            if not candidates:
+                return
             worker = min(candidates, key=lambda w: (self.rollout.running_on(w), w))
             await self._request("join", worker, f"adaptive: {decision.reason}")
         elif decision.change is Change.RETURN:
@@ -132,6 +143,9 @@ class ElasticDriver:
             event["refused"] = (f"rollout worker {worker} is the only one serving now (the "
                                 "others are lost or lent)")
             return
+        if verb == "join" and not serving[worker] and self.pool.state(worker) is State.ROLLOUT:
+            event["refused"] = f"rollout worker {worker} was lost and is being replaced"
+            return
         try:
             if verb == "join":
                 action = self.pool.request_join(worker)
@@ -147,6 +161,12 @@ class ElasticDriver:
 
     # -- actions -----------------------------------------------------------------------------
 
+    async def _lost(self, worker: int, why: str) -> None:
+        """`worker`'s process died as a replica: whatever its move, it is over."""
+        self.events.append({"step": self.pool.step, "worker": worker, "lost": why})
+        if self.pool.state(worker) is not State.ROLLOUT:  # else the rollout's own to replace
+            await self._perform(self.pool.lost(worker, why))
+
     async def _perform(self, action: Action) -> None:
         worker = action.worker
         if action.kind is Do.SLEEP_ENGINE:
@@ -157,6 +177,10 @@ class ElasticDriver:
                         self.runtime.leave_training(worker))
         elif action.kind is Do.RETURN_TO_ROLLOUT:
             pass  # done by whoever reported the weights loaded (it knows the hosted version)
+        elif action.kind is Do.REPLACE_WORKER:
+            # a new process, which serves once it has the published weights (core/moves.py);
+            # a move's task still running on the dead one reports a stale generation
+            self.rollout.worker_lost(worker, action.reason)
         # FETCH_STATE: the next weight sync fetches it; START_ZERO_GRADS, ACTIVATE,
         # RELEASE_AT_BOUNDARY, NONE: only who contributes changes, which `replicas` reads.
 

@@ -175,7 +175,7 @@ class RolloutWorker:
                           ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """This share's gradients, normalised over the whole step's `total_tokens`."""
         assert self.replica is not None and self.replica.version >= 0, "not a ready replica"
-        fault_points.reached("replica_step", self.index, self.replica.version)  # a test's
+        fault_points.reached("replica_step", self.index, self.replica.version)  # a test's fault
         # the trainer ranks' update, on this share
         update = PolicyUpdate(self.settings.algorithm)
         return update.replica_gradients(batch, self.replica, total_tokens)
@@ -299,16 +299,8 @@ class TrainerRank(RankRebuild):
         step, awaited only after this rank's own backward passes (elastic pool)."""
         replicas = _replica_gradients(replica_results) if replica_results else None
         with self.platform.profile_range("eddy.train.step"):
-            try:
-                metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
-                                      replica_tokens=replica_tokens)
-            except BaseException:
-                if replicas is not None:
-                    # A replica's gradients never came (its process died): the driver reruns
-                    # the step without it. The fetch comes before the optimizer step, so only
-                    # this attempt's own gradients are left, which must not add to the rerun's.
-                    self.engine.model.zero_grad(set_to_none=True)
-                raise
+            metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
+                                  replica_tokens=replica_tokens)
         # what each weight sync sends, and its share of the whole model's bytes (LoRA: the
         # adapter's factors to an engine that merges them, docs/engines.md)
         sent = self.engine.export_bytes(low_rank=self._low_rank_sync)

@@ -16,6 +16,7 @@ legal moves (anything else raises `PoolError`):
     ACTIVE          -> RELEASING        request_leave    RELEASE_AT_BOUNDARY
     RELEASING       -> LOADING_WEIGHTS  step_boundary    DETACH_AND_WAKE
     LOADING_WEIGHTS -> ROLLOUT          weights_loaded   RETURN_TO_ROLLOUT
+    (any other)     -> ROLLOUT          lost             REPLACE_WORKER
 
 - ZERO_SYNC means "fetched, waiting for the barrier", not "fetching": FETCHING_STATE is the
   transfer, and only a worker holding a full copy is a replica. In ZERO_SYNC it follows its
@@ -31,10 +32,14 @@ legal moves (anything else raises `PoolError`):
   a full join, which the caller must request explicitly once the worker is back.
 - `failed` always ends in rollout, the home role of every movable worker: a failed replica
   cannot resume training without a new join. A failure while LOADING_WEIGHTS retries the load.
-- Every move has a generation: request_join, request_leave, cancel and failed start a new one.
-  Reports (engine_slept, state_fetched, weights_loaded, failed) carry the generation of the
-  action they answer; a stale one is ignored and logged (a late "state fetched" of a cancelled
-  join activates nothing), a future one is a bug and raises.
+- `lost`: the worker's process is gone (a replica killed mid-step: the runtime reran the step
+  without it). Whatever its move, it is forgotten: back in the pool as a rollout worker, its
+  action REPLACE_WORKER (the rollout replaces its process as for any lost rollout worker;
+  nothing is woken or loaded, there is nothing to wake).
+- Every move has a generation: request_join, request_leave, cancel, failed and lost start a
+  new one. Reports (engine_slept, state_fetched, weights_loaded, failed) carry the generation
+  of the action they answer; a stale one is ignored and logged (a late "state fetched" of a
+  cancelled join activates nothing), a future one is a bug and raises.
 
 Sans-IO: no clock, no threads. `step` is the last step boundary the runtime reported.
 """
@@ -98,6 +103,7 @@ class Do(str, Enum):
     #                                                      the step in flight; then as DETACH
     WAKE_ENGINE_AND_LOAD = "wake_engine_and_load"  # wake the engine, load the latest weights
     RETURN_TO_ROLLOUT = "return_to_rollout"  # dispatch rollout requests to it again
+    REPLACE_WORKER = "replace_worker"  # its process is gone: a new one serves rollout once up
     NONE = "none"  # bookkeeping only: nothing changes on the data path
 
 
@@ -123,8 +129,11 @@ TRANSITIONS: dict[tuple[State, str], tuple[State, Do]] = {
     (S.ACTIVE, "failed"): (S.LOADING_WEIGHTS, Do.DROP_GRADIENTS_AND_WAKE),
     (S.RELEASING, "failed"): (S.LOADING_WEIGHTS, Do.DROP_GRADIENTS_AND_WAKE),
     (S.LOADING_WEIGHTS, "failed"): (S.LOADING_WEIGHTS, Do.WAKE_ENGINE_AND_LOAD),  # retry
+    # a lost rollout worker in ROLLOUT is the rollout's alone (core/moves.py `worker_lost`)
+    **{(state, "lost"): (S.ROLLOUT, Do.REPLACE_WORKER) for state in State
+       if state is not S.ROLLOUT},
 }
-NEW_MOVE = frozenset({"request_join", "request_leave", "cancel", "failed"})
+NEW_MOVE = frozenset({"request_join", "request_leave", "cancel", "failed", "lost"})
 AT_BOUNDARY = frozenset(state for state, event in TRANSITIONS if event == "step_boundary")
 CONTRIBUTING = frozenset({S.ACTIVATING, S.ACTIVE, S.RELEASING})
 ROLLOUT_SIDE = frozenset({S.ROLLOUT, S.LOADING_WEIGHTS})
@@ -227,6 +236,11 @@ class ElasticPool:
         if generation is None:
             return self._move(worker, "failed", reason)
         return self._report(worker, "failed", generation, reason)
+
+    def lost(self, worker: int, reason: str) -> Action:
+        """The worker's process is gone, mid-move or training: the pool forgets the move (a
+        new generation, so the reports of actions in flight are stale)."""
+        return self._move(worker, "lost", reason)
 
     def step_boundary(self, step: int) -> list[Action]:
         """The trainer finished step `step` (strictly increasing): the barrier where joins

@@ -250,6 +250,9 @@ class FSDPTrainEngine(TrainEngine):
         gradient shard: the same sum as adding it before the reduce-scatter, with no new
         communicator and no extra collective."""
         self.model.train()
+        # a failed attempt's gradients (a replica whose process died before its gradients
+        # came: the runtime reruns the step without it) must not add to this one's
+        self.optimizer.zero_grad(set_to_none=True)
         # float64: a float32 count stops being exact past 2**24 tokens per step.
         local_tokens = batch.loss_mask.sum().to(torch.float64).reshape(1)
         total_tokens = int(round(hd.all_reduce(local_tokens, op="sum").item())) + extra_tokens

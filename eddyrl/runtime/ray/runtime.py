@@ -16,11 +16,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Sequence
 
 from ...protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ...core.batching import split_for_ranks
-from ...errors import WorkerLost
+from ...errors import WorkerCallError, WorkerLost
 from ...runtime_protocol import TrainerRankLost
 from ..node_files import DirectoryShipment
 from ..workers import RolloutWorker, TrainerRank, weight_group_layout
@@ -28,7 +28,7 @@ from .calls import RayCalls
 from .lifecycle import start_ray, stop_ray
 from .placement import actor_options, check_split_devices, colocation_group, role_group
 from .rollout_actors import PublishedWeights, RolloutActors
-from .trainer_calls import RankPlace, TrainerCalls
+from .trainer_calls import RankPlace, TrainerCalls, dead_replicas
 from .trainer_rebuild import rebuild_trainer
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ class RayRuntime:
                                                dir=os.path.abspath(work_dir))
         self.trainers: list[Any] = []
         self.actors: RolloutActors | None = None  # the rollout workers, once started
+        # replicas lost mid-step (worker -> why), until a step's metrics carry them to the
+        # elastic driver: kept across an attempt a lost trainer rank interrupts
+        self._replicas_lost: dict[str, str] = {}
         self._group = None
         try:
             self._start(settings, model_path)
@@ -250,29 +253,55 @@ class RayRuntime:
                     ) -> dict[str, float]:
         """One RL step over the trainer ranks and, from the elastic pool, the rollout workers
         in `replicas` (joined and active): rows are split by tokens over all of them; each
-        replica's gradients reach the ranks through the object store (no new communicator)."""
+        replica's gradients reach the ranks through the object store (no new communicator).
+        A replica whose process dies mid-step is dropped and the step runs again without it
+        on the same batch (`replicas_lost` in the step's metrics names it)."""
         await self.weights.training()  # not while a replacement exports the weights
         if self.colocated:
             await self._hand_devices_to("train")
         switch_s, self._switch_s = self._switch_s, 0.0
-        replicas = list(replicas)
+        replicas = [w for w in replicas if not self.actors.is_lost(w)]
+        while True:
+            refs, step = self._train_step(batch, replicas)
+            try:
+                results = await step
+                break
+            except WorkerCallError:
+                dead = dead_replicas(refs)
+                if not dead:
+                    raise
+            # A replica died mid-step: no rank stepped its optimizer (they fetch the replicas'
+            # gradients before it, and discard their own on the failure), so the same batch
+            # runs again without it; the rollout side replaces its process (the elastic
+            # driver reads `replicas_lost` at the step's boundary).
+            for worker, why in dead.items():
+                self.actors.mark_lost(worker)
+                self._replicas_lost[str(worker)] = why
+            replicas = [w for w in replicas if w not in dead]
+        lost, self._replicas_lost = self._replicas_lost, {}
+        # colocated: the hand-overs since the last step (to rollout after it, to training now)
+        return {**_combine_rank_metrics(results), **({"switch_s": switch_s}
+                                                     if self.colocated else {}),
+                **({"replicas_lost": lost} if lost else {})}
+
+    def _train_step(self, batch: TrainBatch, replicas: list[int]
+                    ) -> tuple[dict[int, Any], Awaitable[list[dict[str, float]]]]:
+        """One attempt at a step: each replica's reference (by rollout worker), and the trainer
+        ranks' calls."""
         parts = split_for_ranks(batch, len(self.trainers) + len(replicas))
         total = int(batch.loss_mask.sum())
-        refs = [self.actors.handle(w).replica_gradients.remote(part, total)
-                for w, part in zip(replicas, parts[len(self.trainers):])]
+        refs = {w: self.actors.handle(w).replica_gradients.remote(part, total)
+                for w, part in zip(replicas, parts[len(self.trainers):])}
         replica_tokens = int(sum(p.loss_mask.sum() for p in parts[len(self.trainers):]))
         # Nested in a list, the references are not awaited before the ranks start: each rank
         # runs its own forward/backward first and fetches the replicas' gradients after.
         # The driver does not fetch the gradients itself: a replica's failure or hang reaches it
         # through the ranks' calls (and their deadline), which wait for them.
         what = f"train_step (with replicas {replicas})" if replicas else "train_step"
-        results = await self.ranks.call_all([(r, what, t.train.remote(part, refs or None,
-                                                                       replica_tokens))
-                                             for r, (t, part) in enumerate(zip(self.trainers,
-                                                                               parts))])
-        # colocated: the hand-overs since the last step (to rollout after it, to training now)
-        return {**_combine_rank_metrics(results), **({"switch_s": switch_s}
-                                                     if self.colocated else {})}
+        listed = list(refs.values()) or None
+        return refs, self.ranks.call_all([(r, what, t.train.remote(part, listed, replica_tokens))
+                                          for r, (t, part) in enumerate(zip(self.trainers,
+                                                                            parts))])
 
     async def configure_rollout(self, max_batch_size: int, partial_rollout: bool) -> list[int]:
         """A new generation plan on every rollout worker; returns the versions they host."""

@@ -15,6 +15,11 @@ that is lost, not the first rank to fail:
 - another error: the calls still running get `DEATH_GRACE_S` to show a death (that rank is
   the lost one; the others failed because of it); with none, the error (one of the step
   itself, the driver's deadline `cluster.timeout_s`) is raised as `RayCalls` reported it.
+
+A gradient replica of the elastic pool lost mid-step (a rollout worker's process) shows as
+every rank's call failing, each with the replica's death as the cause of its own error (the
+ranks fetch its gradients): not a rank's death. `dead_replicas` finds it among the replicas'
+calls; the runtime reruns the step without it.
 """
 
 from __future__ import annotations
@@ -127,6 +132,27 @@ class TrainerCalls:
             int(said["pid"]) if said.get("pid", "").isdigit() else None)
         return TrainerRankLost(rank, what, cause, detail, node=place.node or said.get("ip"),
                                node_id=place.node_id, pid=pid)
+
+
+def dead_replicas(refs: dict[int, Any]) -> dict[int, str]:
+    """The replicas (rollout worker -> why) whose gradient call failed because the process is
+    gone. A rank failed fetching them, so a dead one's failure is already known here, the
+    references' owner: nothing is waited for, and a replica still computing is not lost."""
+    import ray
+
+    if not refs:
+        return {}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+    dead = {}
+    for worker, ref in refs.items():
+        if ref not in ready:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayError as error:
+            if is_actor_death(error):
+                dead[worker] = death_reason(getattr(error, "error_msg", None) or str(error))
+    return dead
 
 
 def _failed(done: set[asyncio.Future]) -> bool:
