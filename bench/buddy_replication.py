@@ -97,9 +97,11 @@ def rank_main(rank, model_dir, init_file, vocab, args, replication, out):
     steps, parts = [], {"copy_s": [], "wait_s": [], "transfer_s": []}
     try:
         engine.train_step(batch, LOSS)  # warm-up: the optimizer state, the buddy's group
+        engine.snapshot()
         for _ in range(args.steps):
             start = time.perf_counter()
             engine.train_step(batch, LOSS)
+            engine.snapshot()  # as the trainer rank takes one after each RL step
             steps.append(time.perf_counter() - start)
             if engine.buddy is not None:
                 stats = engine.buddy.stats  # wait and copy of this step; transfer: the last

@@ -174,10 +174,10 @@ class TrainConfig:
     # dense block mask), mask, or varlen (refused where the platform has none)
     attention: AttentionKind = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
-    # after every optimizer step each rank's shard of the weights and optimizer state is
+    # after every RL step each rank's shard of the weights and optimizer state is
     # copied into the next rank's host memory, in the background (engines/training/buddy.py):
     # a lost rank is rebuilt from it bit for bit, without a checkpoint. Costs each rank twice
-    # its shard's bytes of host memory; off: a lost rank needs the checkpoint path
+    # its shard's bytes of host memory; off: a lost rank ends the run
     buddy_replication: bool = True
     # what a lost trainer rank does to the run (docs/reliability.md, "Lost trainer ranks"):
     # replace (a new rank on the lost one's device, or any free one; the group shrinks to the

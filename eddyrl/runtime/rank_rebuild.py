@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.training.shard_copy import ShardCopy, Shapes, reshard, shapes_of
+from ..hal import distributed
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class RankRebuild:
         if engine is None:
             return
         engine.abandon()
+        # On a cluster this rank joined the group itself (`start`: a tcp store), so the engine
+        # left it be: it is left here (a no-op where the engine owned it and left already)
+        distributed.abandon()
         servers = getattr(self, "_servers", {})  # the old group's store, where this rank served it
         old = servers.pop(getattr(self, "_group_rendezvous", None), None)
         if old is not None:

@@ -301,11 +301,13 @@ class TrainerRank(RankRebuild):
         with self.platform.profile_range("eddy.train.step"):
             metrics = self.update(batch, self.engine, self.reference, replicas=replicas,
                                   replica_tokens=replica_tokens)
+        self.engine.snapshot()  # the buddy's copy, of this step's end (rank_rebuild.py)
         # what each weight sync sends, and its share of the whole model's bytes (LoRA: the
         # adapter's factors to an engine that merges them, docs/engines.md)
         sent = self.engine.export_bytes(low_rank=self._low_rank_sync)
         return {**metrics, "sync_bytes": float(sent),
                 "sync_fraction": sent / self.engine.full_sync_bytes,
+                "trainer_version": float(self.engine.version),
                 **self.engine.replication_metrics()}
 
     @property

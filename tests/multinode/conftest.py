@@ -4,7 +4,8 @@ root, `ip`/`unshare`/`nsenter` missing, `ip netns add` refused): probed once a s
 
 - `two_hosts`: hosts A and B, no Ray (`hosts.a.run(...)`, `.popen`, `.python`, `.path`).
 - `ray_cluster_factory`: `make(num_cpus={"A": 1, "B": 2}, resources={"B": {"x": 1}})` builds
-  fresh hosts and starts a Ray head on A and a worker node on B; all of it ends with the test.
+  fresh hosts and starts a Ray head on A and a worker node on B (`node_env={"B": {...}}`: an
+  environment for B's node and its workers); all of it ends with the test.
 - `ray_two_hosts`: one cluster for a module's tests (1 CPU a host, resources host_a / host_b,
   unless the module sets `multinode_cluster`).
 

@@ -43,7 +43,8 @@ The API (fixtures in conftest.py):
   env=, cwd=, timeout=, check=, input=)`, `.python(code, ...)`: inside the host (`env`: extra
   variables on the host's environment, None removes one); `.path("/tmp/x")`: the host's file
   as the test opens it; `.pids()`; `.listeners()`.
-- `RayCluster(hosts, num_cpus={"A": 1, "B": 1}, resources={"B": {...}}, port=6379)`:
+- `RayCluster(hosts, num_cpus={"A": 1, "B": 1}, resources={"B": {...}}, port=6379,
+  node_env={"B": {...}})`:
   `.start()` (both nodes alive), `.address`, `.env()`, `.driver(code, host=A)`,
   `.driver_json(code)` (the last line printed with JSON_MARK), `.wait_nodes(n)`,
   `.stop_node(host)`, `.stop()`, `.ray_logs(host)`, `.startup_s` (measured).
@@ -581,15 +582,19 @@ class RayCluster:
     num_cpus: per host label ({"A": 1, "B": 1} by default). resources: extra custom resources
     per host label, e.g. {"B": {"only_b": 1}}. Each host also gets `host_a` / `host_b` (100 of
     it, unless host_resources=False), so that `.options(resources={"host_b": 1})` places an
-    actor on B. `start()` returns once both nodes are alive; `stop()` (or the hosts' close)
-    kills them.
+    actor on B. node_env: extra environment per host label for its Ray node, which its raylet
+    passes to every worker it starts (e.g. {"B": {"EDDY_FAULT_POINTS": ...}}: a fault on B's
+    workers only; a driver's environment does not reach another node's workers). `start()`
+    returns once both nodes are alive; `stop()` (or the hosts' close) kills them.
     """
 
     def __init__(self, hosts: TwoHosts, *, num_cpus: dict[str, float] | None = None,
                  resources: dict[str, dict[str, float]] | None = None, port: int = 6379,
                  object_store_memory: int = 100 * 1024 * 1024, host_resources: bool = True,
+                 node_env: dict[str, dict[str, str]] | None = None,
                  timeout: float = START_TIMEOUT_S) -> None:
         self.hosts, self.port, self.timeout = hosts, port, timeout
+        self.node_env = node_env or {}
         self.num_cpus = {"A": 1, "B": 1, **(num_cpus or {})}
         self.resources: dict[str, dict[str, float]] = {}
         for host in hosts.hosts:
@@ -624,7 +629,8 @@ class RayCluster:
                 "--disable-usage-stats", "--log-style=record",
                 "--log-color=false", *args]
         with open(log, "w") as out:  # a file, not a pipe: Ray's daemons may inherit it
-            process = host.popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT)
+            process = host.popen(argv, env=self.env(self.node_env.get(host.label)), stdout=out,
+                                 stderr=subprocess.STDOUT)
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -61,7 +61,7 @@ class TrainEngine(abc.ABC):
 
 
     # ---- in-place recovery of a lost rank (docs/reliability.md); an engine without copies
-    # of its state leaves a lost rank to the checkpoint path ----------------------------------
+    # of its state leaves a lost rank to a resume from the last checkpoint -------------------
     def snapshot(self) -> None:
         """Copy this rank's state to a peer (buddy replication); all ranks together."""
 

@@ -1,5 +1,5 @@
 """Buddy replication: each trainer rank's shard of the training state in a peer's host memory,
-refreshed after every optimizer step, so that a lost rank is rebuilt without a checkpoint.
+refreshed after every RL step, so that a lost rank is rebuilt without a checkpoint.
 
 - Ring: rank r's copy is kept by rank (r + 1) % world, its buddy; r keeps the copy of
   (r - 1) % world, its ward. One rank has no buddy: nothing is copied.
@@ -7,7 +7,10 @@ refreshed after every optimizer step, so that a lost rank is rebuilt without a c
   trainable parameter and of its optimizer state (AdamW's moments and step count), and the
   rank's RNG state: with the model's files (the frozen weights: LoRA's base) everything a fresh
   engine of the same rank needs to take the next step as the lost one would have, bit for bit.
-- When: `replicate(version)` right after the optimizer step. On the trainer's critical path:
+- When: `replicate(version)` at the end of each RL step (`FSDPTrainEngine.snapshot`, called
+  by the trainer rank once the step's optimizer steps and metrics are done: a copy is of a
+  step boundary, never of the middle of a step), at start, after a checkpoint's load and
+  after a rebuild. On the trainer's critical path:
   the copy of the shards into a host staging buffer (pinned, on a side stream where the
   platform has a device: `Platform.copy_to_host_async`), and a wait for the previous round if
   it is still running. Off it: a background thread waits for that copy to land, then sends the
@@ -29,9 +32,10 @@ refreshed after every optimizer step, so that a lost rank is rebuilt without a c
 
 The window: while version N's copy travels, the ward's previous copy is being overwritten, so
 `held_version` is None; it is N once the copy has arrived. A rank lost inside that window
-(at most `transfer_s` after its optimizer step) has no usable copy: the survivors hold version
-N and the buddy held N - 1, and the recovery takes the checkpoint path. Keeping N - 1 would
-not help without every survivor also keeping its own N - 1.
+(at most `transfer_s` after its step's end; a weight export and a checkpoint write wait for it
+first, `settle`) has no usable copy: the survivors' copies are of N, the buddy's of none, and
+the run ends (runtime/ray/trainer_rebuild.py). Keeping N - 1 would not help without every
+survivor also keeping its own N - 1.
 """
 
 from __future__ import annotations
@@ -152,7 +156,7 @@ class BuddyStore:
         self.stats = BuddyStats()
 
     def replicate(self, version: int) -> None:
-        """Right after the optimizer step that made `version`: copy this rank's state to the
+        """At a step's end, with the state of `version`: copy this rank's state to the
         host and send it to the buddy in the background."""
         start = time.perf_counter()
         self.flush()  # the staging buffer is free again, the ward's copy complete

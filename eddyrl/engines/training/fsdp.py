@@ -288,8 +288,6 @@ class FSDPTrainEngine(TrainEngine):
         with self.platform.profile_range("eddy.train.optimizer"):
             grad_norm, nonfinite = self._optimizer_step(total_tokens, loss_sum)
         self.version += 1
-        if self.buddy is not None:  # the copy now, its transfer beside the next step's work
-            self.buddy.replicate(self.version)
 
         names = sorted(metric_sums)
         sums = hd.all_reduce(torch.tensor([loss_sum] + [metric_sums[n] for n in names],
@@ -456,9 +454,12 @@ class FSDPTrainEngine(TrainEngine):
 
     # ---- buddy replication (buddy.py) ----------------------------------------------------
     def snapshot(self) -> None:
-        """A copy of this rank's state now, to its buddy: at start, after a checkpoint's
-        load and after a rebuild (every optimizer step takes one itself). Every rank calls
-        it together (the first forms the copies' group)."""
+        """A copy of this rank's state now, to its buddy (its transfer goes on beside the
+        next work): at start, after a checkpoint's load, after a rebuild, and after each RL
+        step, once its optimizer steps (`train.mini_batches` of them) and metrics are done,
+        so that a copy is always of a step boundary: a rank lost inside a step is rebuilt
+        at the step's start, and the step runs again once. Every rank calls it together (the
+        first forms the copies' group)."""
         if self.buddy is not None:
             self.buddy.replicate(self.version)
 

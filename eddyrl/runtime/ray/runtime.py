@@ -13,6 +13,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -109,6 +110,9 @@ class RayRuntime:
         self.new_trainer = new_trainer
         self.trainer_generation = 0  # the trainer group's: +1 at each rebuild
         self.trainers = [new_trainer(rank, world) for rank in range(world)]
+        # the trainer's version after its last completed call: what a rebuild after a lost
+        # rank must go back to (trainer_rebuild.py), never past it
+        self.trainer_version = 0
         group = self._rendezvous("trainer_group", world)
         self.calls.get_all([(f"trainer rank {r}", "start (trainer group, model)",
                              t.start.remote(group)) for r, t in enumerate(self.trainers)])
@@ -142,6 +146,7 @@ class RayRuntime:
                                     reconnect=self._connect_weight_channel,
                                     send_weights=self._send_weights)
         self._channel_generation = 0
+        self._channel_lock = threading.Lock()
         self._connect_weight_channel()
         self.devices = {"trainer": trainer_devices,
                         "rollout": self.calls.get_all([(f"rollout worker {i}", "device",
@@ -186,7 +191,12 @@ class RayRuntime:
     def _connect_weight_channel(self) -> None:
         """Open the weight channel between trainer rank 0 and every rollout worker. A worker
         found dead meanwhile is marked lost (its next call tells the rollout); a collective
-        group cannot form without it, so there that is an error."""
+        group cannot form without it, so there that is an error. One at a time: a rollout
+        worker's replacement and a trainer's rebuild may both reopen it, from their threads."""
+        with self._channel_lock:
+            self._open_weight_channel()
+
+    def _open_weight_channel(self) -> None:
         kind = self.settings.weight_channel
         # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
         # process of its engine where the engine takes the broadcast itself (vLLM's workers).
@@ -279,9 +289,10 @@ class RayRuntime:
                 self._replicas_lost[str(worker)] = why
             replicas = [w for w in replicas if w not in dead]
         lost, self._replicas_lost = self._replicas_lost, {}
+        metrics = _combine_rank_metrics(results)
+        self.trainer_version = int(metrics.pop("trainer_version"))
         # colocated: the hand-overs since the last step (to rollout after it, to training now)
-        return {**_combine_rank_metrics(results), **({"switch_s": switch_s}
-                                                     if self.colocated else {}),
+        return {**metrics, **({"switch_s": switch_s} if self.colocated else {}),
                 **({"replicas_lost": lost} if lost else {})}
 
     def _train_step(self, batch: TrainBatch, replicas: list[int]
@@ -403,6 +414,8 @@ class RayRuntime:
             if self.ship_checkpoints else path
         await self.ranks.call_all([(r, f"load from {path}", t.load.remote(checkpoint))
                                    for r, t in enumerate(self.trainers)])
+        self.trainer_version = (await self.ranks.call_all(
+            [(0, "version", self.trainers[0].version.remote())]))[0]
         if self.colocated:
             await self._hand_devices_to("rollout")
 

@@ -7,11 +7,14 @@ of its last completed step, so that the interrupted call runs again (core/traine
 2. The lost rank's process is ended (`ray.kill`): one that stopped taking part still holds its
    device, and a late message of it must not reach anyone.
 3. Each survivor reports its copies (`TrainerRank.recovery_copies`): its own last one and the
-   one it keeps of its ward. The rebuild needs every old rank's copy at one version, the
-   version the survivors' engines are at: the survivors' own, and the lost rank's from its
-   buddy (rank + 1). A survivor past its last copy (it finished the interrupted optimizer step
-   before the loss was known), or a buddy whose copy of the lost rank was still arriving, makes
-   that impossible: the run ends, saying so.
+   one it keeps of its ward. The rebuild needs every old rank's copy at the version the
+   trainer's last completed call left (`RayRuntime.trainer_version`): the survivors' own, and
+   the lost rank's from its buddy (rank + 1). Copies are taken at a step's end only, so a
+   survivor's engine may be past that version (the interrupted step's optimizer steps) while
+   its copy is not. A copy of a later version (the step had finished on that rank, its copy
+   begun, before the loss was known: rerunning it would train its batch twice), or a buddy
+   whose copy of the lost rank was still arriving, makes the rebuild impossible: the run ends,
+   saying so.
 4. The members: with `replace`, a new actor in the lost rank's bundle (its node if alive, else
    wherever Ray finds the device), given `REPLACEMENT_WAIT_S` to start; the survivors alone
    (`shrink`, or no replacement in time), renumbered in order.
@@ -61,7 +64,8 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
             for r in survivors}
     infos = await runtime.calls.call_all([(f"trainer rank {r}", "recovery copies", refs[r][0])
                                           for r in survivors])
-    version, why = common_version(lost.rank, world, dict(zip(survivors, infos)))
+    version, why = common_version(lost.rank, world, dict(zip(survivors, infos)),
+                                  runtime.trainer_version)
     if why:
         raise lost.not_recovered(why)
     by_rank: dict[int, CopyInfo] = dict(zip(survivors, infos))
@@ -76,6 +80,7 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
         if replacement is not None:
             members.insert(lost.rank, (replacement, lost.rank))
     new_world = len(members)
+    new_sender = members[0][0] is not runtime.trainers[0]  # old rank 0 lost: a new one sends
     runtime.trainers = [actor for actor, _ in members]
     runtime.trainer_generation += 1
     rendezvous = await asyncio.to_thread(
@@ -85,7 +90,7 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
          actor.rejoin.remote(rendezvous, rank, new_world,
                              RebuildPlan(pieces, shapes, old, version)))
         for rank, (actor, old) in enumerate(members)])
-    await _follow(runtime)
+    await _follow(runtime, reconnect=new_sender)
     return {"trainer_world": float(new_world), "trainer_replaced": float(replacement is not None),
             "trainer_rebuild_s": runtime.now() - began}
 
@@ -106,21 +111,22 @@ def why_not_in_place(runtime: RayRuntime, lost: TrainerRankLost) -> str:
     return ""
 
 
-def common_version(lost: int, world: int, infos: dict[int, CopyInfo]) -> tuple[int, str]:
-    """The version every old rank's copy is at, or why there is none: each survivor's own
-    copy at its engine's version, all alike, and the lost rank's kept by its buddy at it."""
-    live = {info.live_version for info in infos.values()}
-    if len(live) != 1:
-        return -1, f"the surviving ranks are at different versions {sorted(live)}"
-    (version,) = live
+def common_version(lost: int, world: int, infos: dict[int, CopyInfo],
+                   version: int) -> tuple[int, str]:
+    """`version`, the trainer's after its last completed call, if every old rank's copy is of
+    it (each survivor's own, the lost rank's on its buddy); else why not. A survivor's engine
+    may be past it (an optimizer step of the interrupted call): its copy, taken only at a
+    step's end (`TrainerRank.train`), is not. A copy past it means the interrupted step had
+    finished on that rank: running it again would train its batch twice."""
     for rank, info in sorted(infos.items()):
         if info.own_version is None:
             return -1, (f"trainer rank {rank} holds no copy of its state (its engine keeps "
                         "none)")
         if info.own_version != version:
-            return -1, (f"trainer rank {rank} is at version {version} but its last copy is "
-                        f"of version {info.own_version}: it was lost between an optimizer "
-                        "step and its copy")
+            return -1, (f"trainer rank {rank}'s last copy is of version {info.own_version}, "
+                        f"the trainer's last completed step left version {version}: the "
+                        "interrupted step had finished on it, and running it again would "
+                        "train its batch twice")
     keeper = infos[(lost + 1) % world]
     if keeper.ward != lost or keeper.ward_version != version:
         held = "none" if keeper.ward_version is None else f"version {keeper.ward_version}"
@@ -147,9 +153,12 @@ async def _replacement(runtime: RayRuntime, rank: int, world: int) -> Any | None
         return None
 
 
-async def _follow(runtime: RayRuntime) -> None:
-    """The driver's view of the new group: its ranks' places, devices and nodes, and the
-    weight channel from its rank 0."""
+async def _follow(runtime: RayRuntime, reconnect: bool) -> None:
+    """The driver's view of the new group: its ranks' places, devices and nodes, and, with
+    `reconnect` (rank 0 is a new actor), the weight channel from its rank 0. Rank 0 alone of
+    the trainer is in the channel, on a group of its own that the trainer group's rebuild
+    leaves be: a surviving rank 0 keeps it, and the rebuild does not wait on a rollout
+    worker's replacement starting meanwhile (measured across hosts: seconds)."""
     trainers = list(enumerate(runtime.trainers))
     places = await runtime.calls.call_all([(f"trainer rank {r}", "whereabouts",
                                             t.whereabouts.remote()) for r, t in trainers])
@@ -159,4 +168,5 @@ async def _follow(runtime: RayRuntime) -> None:
             [(f"trainer rank {r}", "device", t.device_binding.remote()) for r, t in trainers])
     if runtime.placement is not None:
         runtime.placement["trainer"] = [place["node"] for place in places]
-    await asyncio.to_thread(runtime._connect_weight_channel)
+    if reconnect:
+        await asyncio.to_thread(runtime._connect_weight_channel)

@@ -1,6 +1,7 @@
 """When a lost trainer rank can be rebuilt in place (runtime/ray/trainer_rebuild.py): the
 settings that rule it out, each named; and the copies, which must all be of the version the
-survivors are at (the survivors' own, and the lost rank's on its buddy, rank + 1)."""
+trainer's last completed call left (the survivors' own, and the lost rank's on its buddy,
+rank + 1), never of a later one (the interrupted step would be trained twice)."""
 
 from types import SimpleNamespace
 
@@ -18,17 +19,17 @@ def _info(rank, live, own, ward=None, ward_version=None):
                     SHAPES if ward is not None else None)
 
 
-def test_all_copies_at_the_survivors_version_are_the_common_version():
-    # world 3, rank 1 lost: its copy is on rank 2
-    infos = {0: _info(0, 7, 7, ward=2, ward_version=7), 2: _info(2, 7, 7, ward=1, ward_version=7)}
-    assert common_version(1, 3, infos) == (7, "")
+def test_all_copies_at_the_last_completed_version_are_the_common_version():
+    # world 3, rank 1 lost: its copy is on rank 2; rank 0's engine stepped past its copy
+    # (an optimizer step of the interrupted call): the copies are what counts
+    infos = {0: _info(0, 8, 7, ward=2, ward_version=7), 2: _info(2, 7, 7, ward=1, ward_version=7)}
+    assert common_version(1, 3, infos, 7) == (7, "")
 
 
 @pytest.mark.parametrize("infos,why", [
-    ({0: _info(0, 7, 7, 1, 7), 2: _info(2, 8, 8, 1, 7)},
-     "the surviving ranks are at different versions [7, 8]"),
-    ({0: _info(0, 8, 7, 2, 7), 2: _info(2, 8, 8, 1, 8)},
-     "trainer rank 0 is at version 8 but its last copy is of version 7"),
+    ({0: _info(0, 8, 8, 2, 7), 2: _info(2, 8, 8, 1, 8)},
+     "trainer rank 0's last copy is of version 8, the trainer's last completed step left "
+     "version 7: the interrupted step had finished on it"),
     ({0: _info(0, 7, 7, 2, 7), 2: _info(2, 7, 7, 1, None)},
      "trainer rank 2 keeps rank 1's copy and holds none, not version 7"),
     ({0: _info(0, 7, 7, 2, 7), 2: _info(2, 7, 7, 1, 6)},
@@ -37,7 +38,7 @@ def test_all_copies_at_the_survivors_version_are_the_common_version():
      "trainer rank 0 holds no copy of its state"),
 ])
 def test_copies_of_another_version_rule_out_the_rebuild_saying_which(infos, why):
-    version, reason = common_version(1, 3, infos)
+    version, reason = common_version(1, 3, infos, 7)
     assert version == -1 and why in reason
 
 

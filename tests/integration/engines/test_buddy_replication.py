@@ -52,6 +52,7 @@ def _worker(rank, model_dir, init_file, out_prefix, batch):
     try:
         for _ in range(STEPS):
             engine.train_step(mine, LOSS)
+            engine.snapshot()  # as the trainer rank takes one after each RL step
         engine.buddy.flush()  # the last round has arrived
         own = {k: t.clone() for k, t in shard_state(engine.model, engine.optimizer, platform)}
         held = engine.buddy.restore(ward_of(rank, WORLD), STEPS)
