@@ -43,18 +43,7 @@ def test_a_replica_killed_mid_step_is_dropped_from_the_step_and_the_run_goes_on(
     run_dir, fired = tmp_path / "run", tmp_path / "fired"
     fired.mkdir()
     faults = ",".join(f"replica_step:1:{version}" for version in range(STEPS))
-    driver = run.start(tiny_model_dir, run_dir, *RUN,
-                       env={"EDDY_FAULT_POINTS": faults, "EDDY_FAULT_POINTS_FIRED": str(fired)})
-    processes = {}
-    try:
-        run.wait_until(driver, run_dir, lambda: (run_dir / "placement.json").exists(),
-                       "the workers' start")
-        processes = run.tree(driver.pid)
-        rc = run.finish(driver, run_dir)
-    finally:
-        driver.kill()
-        run.kill_all(processes)
-    err = run.stderr_of(run_dir)
+    rc, err = run.run_to_the_end(tiny_model_dir, run_dir, *RUN, faults=faults, fired=fired)
     assert rc == 0, err[-3000:]
     assert len(list(fired.iterdir())) == 1, err[-3000:]  # the replica died, once
 

@@ -42,18 +42,7 @@ FAULTS = {"train_step:1:1": "train_step", "weight_export:0:2": "weight export",
 def _run(model_dir, run_dir, *overrides, faults: str = "") -> tuple[int, str]:
     fired = run_dir.parent / f"{run_dir.name}.fired"
     fired.mkdir()
-    driver = run.start(model_dir, run_dir, *RAY, *overrides,
-                       env={"EDDY_FAULT_POINTS": faults, "EDDY_FAULT_POINTS_FIRED": str(fired)})
-    processes = {}
-    try:
-        run.wait_until(driver, run_dir, lambda: (run_dir / "placement.json").exists(),
-                       "the workers' start")
-        processes = run.tree(driver.pid)
-        rc = run.finish(driver, run_dir)
-    finally:
-        driver.kill()
-        run.kill_all(processes)
-    return rc, run.stderr_of(run_dir)
+    return run.run_to_the_end(model_dir, run_dir, *RAY, *overrides, faults=faults, fired=fired)
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:

@@ -133,3 +133,22 @@ def kill_all(processes: dict[int, tuple[float, str]]) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def run_to_the_end(model_dir: str, run_dir: Path, *overrides: str, faults: str = "",
+                   fired: Path) -> tuple[int, str]:
+    """`eddy train` with `faults` at their points (`eddyrl/fault_points.py`; `fired`: the
+    directory of their once-markers) run to its end: its exit code and stderr. Its processes
+    are killed by PID afterwards, whatever happened."""
+    driver = start(model_dir, run_dir, *overrides,
+                   env={"EDDY_FAULT_POINTS": faults, "EDDY_FAULT_POINTS_FIRED": str(fired)})
+    processes: dict[int, tuple[float, str]] = {}
+    try:
+        wait_until(driver, run_dir, lambda: (run_dir / "placement.json").exists(),
+                   "the workers' start")
+        processes = tree(driver.pid)
+        rc = finish(driver, run_dir)
+    finally:
+        driver.kill()
+        kill_all(processes)
+    return rc, stderr_of(run_dir)
