@@ -15,7 +15,7 @@ import pytest
 from eddyrl.cli import main
 
 from disk_full_cases import ENOSPC, checkpoint_exception
-from local_ray import bare_runtime  # noqa: F401  (a fixture: RayCalls, no workers)
+from local_ray import bare_ray, bare_runtime  # noqa: F401  (fixtures: RayCalls, no workers)
 
 
 def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, monkeypatch,

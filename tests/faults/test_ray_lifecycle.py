@@ -119,6 +119,9 @@ def test_the_reaper_kills_the_tree_and_names_a_lost_raylet(tmp_path, how, says):
         assert lines == [], out.stderr
 
 
+# Two local Ray sessions, one after the other, as two runs of one user start them (in one
+# process: the interpreter's start and imports paid once; each session is started and stopped
+# whole, its token removed before the next begins)
 _TOKEN_PROBE = textwrap.dedent("""
     import json, os, stat, sys
     import psutil, ray
@@ -126,33 +129,35 @@ _TOKEN_PROBE = textwrap.dedent("""
     from eddyrl.resolved import runtime_settings
     from eddyrl.runtime.ray import start_ray, stop_ray
 
-    start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process.pid
-    seen = {"path": path, "gcs_path": psutil.Process(gcs).environ().get("RAY_AUTH_TOKEN_PATH"),
-            "mode": path and stat.S_IMODE(os.stat(path).st_mode),
-            "dir_mode": path and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode),
-            "token": path and open(path).read()}
-    stop_ray()
-    seen["removed"] = bool(path) and not os.path.exists(os.path.dirname(path))
-    seen["env_after"] = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    print(json.dumps(seen))
+    for _ in range(2):
+        start_ray(runtime_settings(load_config(overrides=["platform=cpu"])))
+        path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process.pid
+        seen = {"path": path,
+                "gcs_path": psutil.Process(gcs).environ().get("RAY_AUTH_TOKEN_PATH"),
+                "mode": path and stat.S_IMODE(os.stat(path).st_mode),
+                "dir_mode": path and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode),
+                "token": path and open(path).read()}
+        stop_ray()
+        seen["removed"] = bool(path) and not os.path.exists(os.path.dirname(path))
+        seen["env_after"] = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        print(json.dumps(seen), flush=True)
 """)
 
 
-def _probe_token(home):
+def _probe_tokens(home):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN",
                                                             "RAY_AUTH_TOKEN_PATH")}
     out = subprocess.run([sys.executable, "-c", _TOKEN_PROBE], capture_output=True, text=True,
                          timeout=300, env={**env, "HOME": str(home)})
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]
 
 
 def test_a_local_run_has_a_private_token_of_its_own(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    first, second = _probe_token(home), _probe_token(home)
+    first, second = _probe_tokens(home)
     for seen in (first, second):
         assert seen["path"], "no RAY_AUTH_TOKEN_PATH: Ray falls back to ~/.ray/auth_token"
         assert seen["gcs_path"] == seen["path"]  # the token Ray's own servers check

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from local_ray import bare_runtime  # noqa: F401  (a fixture: RayCalls, no workers)
+from local_ray import bare_ray, bare_runtime  # noqa: F401  (fixtures: RayCalls, no workers)
 
 
 def _failing_actor(**options):

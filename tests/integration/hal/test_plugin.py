@@ -19,11 +19,16 @@ def _site(tmp_path: Path, entry_points: str, name: str = "eddy_example_platform"
     so `importlib.metadata` discovers the entry point exactly as for an installed plug-in."""
     site = tmp_path / "site"
     shutil.copytree(EXAMPLE, site / EXAMPLE.name)
+    _dist(site, name, entry_points)
+    return site
+
+
+def _dist(site: Path, name: str, entry_points: str) -> None:
+    """The metadata of one installed distribution `name` with these entry points."""
     dist = site / f"{name}-0.1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text(f"[eddyrl.platforms]\n{entry_points}\n")
-    return site
 
 
 def _run(site: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -37,14 +42,6 @@ ENTRY = "example = eddy_example_platform:ExamplePlatform"
 
 def _hook_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def test_example_plugin_is_listed(tmp_path):
-    site = _site(tmp_path, ENTRY)
-    out = _run(site, "-m", "eddyrl.cli", "platforms")
-    assert out.returncode == 0, out.stderr
-    assert "example" in out.stdout and "EXAMPLE_DEVICE" in out.stdout
-    assert "cpu (auto)" in out.stdout  # only by name: it never displaces detection
 
 
 def test_example_plugin_is_used_by_name_and_env(tmp_path):
@@ -78,17 +75,6 @@ def test_example_plugin_passes_eddy_platforms_check(tmp_path):
     statuses = {row["name"]: row["status"] for row in results["results"]}
     assert statuses and set(statuses.values()) == {"passed"}, statuses
     assert {"identity", "collective_ops", "hf_generate", "fsdp_train_step"} <= set(statuses)
-
-
-@pytest.mark.parametrize("entry", ["broken = no_such_module:Platform",
-                                   "notaplatform = eddy_example_platform:contextlib"])
-def test_broken_plugin_warns_and_others_still_work(tmp_path, entry):
-    site = _site(tmp_path, entry, name="broken_plugin")
-    out = _run(site, "-m", "eddyrl.cli", "platforms")
-    assert out.returncode == 0, out.stderr
-    name = entry.split(" =")[0]
-    assert f"platform plug-in {name!r}" in out.stderr and "skipped" in out.stderr
-    assert "cpu (auto)" in out.stdout
 
 
 # A vendor library half installed: each hook that discovery calls raises, in its own plug-in.
@@ -136,11 +122,27 @@ def _raising_site(tmp_path: Path) -> Path:
     return site
 
 
-def test_plugins_whose_hooks_raise_are_unavailable_and_the_rest_works(tmp_path):
+# Entry points that cannot be loaded, or load something that is not a Platform: skipped
+BROKEN = ["broken = no_such_module:Platform", "notaplatform = eddy_example_platform:contextlib"]
+
+
+def test_eddy_platforms_lists_the_plugin_and_survives_broken_and_raising_ones(tmp_path):
+    """One `eddy platforms` over every kind of plug-in at once (each in its own distribution,
+    as pip would install them): the example is listed; a broken entry point is a warning
+    naming it and skipped; a plug-in whose hooks raise is listed as unavailable, with why, and
+    a warning naming it; detection still picks the CPU."""
     site = _raising_site(tmp_path)
+    _dist(site, "eddy_example_platform", ENTRY)
+    for number, entry in enumerate(BROKEN):
+        _dist(site, f"broken_plugin_{number}", entry)
     out = _run(site, "-m", "eddyrl.cli", "platforms")
     assert out.returncode == 0, out.stderr
-    assert "cpu (auto)" in out.stdout  # detection skipped the broken ones
+    assert "example" in out.stdout and "EXAMPLE_DEVICE" in out.stdout
+    # only by name: the example never displaces detection, nor do the broken ones
+    assert "cpu (auto)" in out.stdout
+    for entry in BROKEN:
+        name = entry.split(" =")[0]
+        assert f"platform plug-in {name!r}" in out.stderr and "skipped" in out.stderr, name
     for name, error in RAISERS.items():
         assert f"{name}: unavailable: " in out.stdout and error in out.stdout, name
         assert f"platform {name!r} is unusable" in out.stderr, name  # the warning names it

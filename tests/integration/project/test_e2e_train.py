@@ -16,6 +16,7 @@ SMALL = ["loop.steps=2", "loop.batch_prompts=4", "loop.eval_every=1", "rollout.n
          "rollout.max_new_tokens=24", "data.train_size=64", "data.eval_size=8",
          "cluster.threads_per_worker=1", "data.reward_fn=reward_fixtures:length_reward"]
 from tree import SUPPORT_DIR as TESTS  # noqa: E402 (on the runs' PYTHONPATH)
+from local_ray import kept_ray  # noqa: E402,F401 (a fixture: one Ray for the runs here)
 
 
 @pytest.mark.slow
@@ -64,7 +65,7 @@ def test_eddy_train_cli_writes_metrics_summary_and_checkpoint(tiny_model_dir, tm
 
 
 @pytest.mark.slow
-def test_two_ranks_two_workers_collective_channel(tiny_model_dir, tmp_path):
+def test_two_ranks_two_workers_collective_channel(tiny_model_dir, tmp_path, kept_ray):
     from eddyrl.config import load_config
     from eddyrl.launch import train
 
@@ -85,7 +86,7 @@ def test_two_ranks_two_workers_collective_channel(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
+def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path, kept_ray):
     """A real asynchronous run (K = 1, replay, two rollout workers): staleness stays within K,
     every trajectory is on one version, and the ledger accounts for every group."""
     from eddyrl.config import load_config
@@ -114,7 +115,7 @@ def test_bounded_staleness_with_replay_on_ray(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode_name", ["multiversion", "bucket"])
-def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name):
+def test_multiversion_mode_on_ray(tiny_model_dir, tmp_path, mode_name, kept_ray):
     """modes/multiversion (eddyrl/configs/modes/multiversion.yaml) (DORA, K = 3) on two Ray
     rollout workers, and modes/bucket (Libra's bucket router over a short and a long worker, on
     the one-step pipeline, K = 1): the
@@ -243,7 +244,7 @@ def test_eddy_train_with_the_vllm_engine_raises_held_out_accuracy(tmp_path):
 
 
 @pytest.mark.slow
-def test_colocated_roles_take_turns_on_shared_devices(tiny_model_dir, tmp_path):
+def test_colocated_roles_take_turns_on_shared_devices(tiny_model_dir, tmp_path, kept_ray):
     """Two devices, each holding a rollout worker and a trainer rank (one Ray placement-group
     bundle each): the engines sleep while the trainers train, the trainers' state goes to host
     memory while the engines generate, and the weights still reach the engines exactly."""
@@ -297,7 +298,7 @@ def test_a_split_placement_on_too_few_devices_says_so(monkeypatch):
 
 
 @pytest.mark.slow
-def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_path):
+def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_path, kept_ray):
     """Fault injection on a local Ray: after a step, rollout worker 0's process is killed (the
     next batch is generating: K = 1), three processes in all, one after another. Its requests
     are regenerated on the other worker, a replacement is started each time, the run finishes,
