@@ -7,6 +7,7 @@ are contacted."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,11 +18,11 @@ import pytest
 
 
 
-def _eddy_train(address: str, tmp_path, **env):
+def _eddy_train(address: str, tmp_path, wrap=lambda command: command, **env):
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "eddyrl.cli", "train", f"cluster.address={address}",
-         "train.num_workers=2", f"run_dir={tmp_path / 'run'}"],
+        wrap([sys.executable, "-m", "eddyrl.cli", "train", f"cluster.address={address}",
+              "train.num_workers=2", f"run_dir={tmp_path / 'run'}"]),
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
         env={**os.environ, "EDDY_PLATFORM": "cpu", "RAY_TMPDIR": str(tmp_path), **env})
     return done, time.monotonic() - started
@@ -83,8 +84,17 @@ def test_a_server_that_is_not_ray_is_refused_in_one_line_within_30_s(tmp_path):
     print(f"not Ray: {took:.1f} s")
 
 
+def _alone(command: list[str]) -> list[str]:
+    """`command` in a PID namespace of its own (root, util-linux's unshare): Ray's `auto` finds
+    a cluster by scanning the machine's processes for a GCS server, and another run's local Ray
+    (another copy of the suite, another test worker) is one; inside, it sees only its own."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return command
+    return ["unshare", "--pid", "--fork", "--mount-proc", *command]
+
+
 def test_auto_with_no_cluster_on_the_machine_says_so(tmp_path):
-    done, _ = _eddy_train("auto", tmp_path, RAY_ADDRESS="")
+    done, _ = _eddy_train("auto", tmp_path, wrap=_alone, RAY_ADDRESS="")
     assert done.returncode == 2, done.stderr[-3000:]
     assert _last_line(done).startswith("eddy: error: cluster.address = 'auto': no Ray "
                                        "cluster runs on this machine"), done.stderr[-3000:]
