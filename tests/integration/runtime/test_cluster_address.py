@@ -88,9 +88,11 @@ def _alone(command: list[str]) -> list[str]:
     """`command` in a PID namespace of its own (root, util-linux's unshare): Ray's `auto` finds
     a cluster by scanning the machine's processes for a GCS server, and another run's local Ray
     (another copy of the suite, another test worker) is one; inside, it sees only its own."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
+    alone = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+            [*alone, "true"], capture_output=True).returncode != 0:  # no namespaces here
         return command
-    return ["unshare", "--pid", "--fork", "--mount-proc", *command]
+    return [*alone, *command]
 
 
 def test_auto_with_no_cluster_on_the_machine_says_so(tmp_path):
