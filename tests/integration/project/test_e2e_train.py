@@ -347,7 +347,13 @@ def test_killing_a_rollout_worker_three_times_loses_nothing(tiny_model_dir, tmp_
     groups = ledger.to_dict()["groups"]
     fresh = [g for g in groups.values()
              if any(h["state"] == "trained_fresh" for h in g["history"])]
-    assert len(fresh) == steps * 4  # every step's batch
+    # every step's batch: its groups trained, or dropped for having no signal (equal rewards:
+    # by chance, more likely where the regenerated samples come out alike; seen under load)
+    no_signal = [g for g in groups.values() if any(
+        h["state"] == "evicted" and "no learning signal" in (h.get("reason") or "")
+        for h in g["history"])]
+    assert len(fresh) + len(no_signal) == steps * 4, (len(fresh), len(no_signal))
+    assert sum(m.get("samples_trained", 0) for m in lines) == len(fresh) * 4
     for group in fresh:  # each trained fresh exactly once
         assert [h["state"] for h in group["history"]].count("trained_fresh") == 1
     assert any(any("lost" in (h.get("reason") or "") for h in g["history"])
