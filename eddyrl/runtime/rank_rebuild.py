@@ -24,11 +24,11 @@ from ..hal import distributed
 
 @dataclass(frozen=True)
 class CopyInfo:
-    """What a survivor holds (`recovery_copies`): the version its engine is at, and the
-    version and shapes of its own copy and of its ward's (None where it has none)."""
+    """What a survivor holds (`recovery_copies`): the version and shapes of its own copy and
+    of its ward's (None where it has none). Not its engine's version: that may be past the
+    copies, inside the interrupted step, and the rebuild goes back to the copies."""
 
     rank: int
-    live_version: int
     own_version: int | None
     own_shapes: Shapes | None
     ward: int | None
@@ -61,8 +61,7 @@ class RankRebuild:
         """Called with `num_returns=3`: the info for the driver, the two copies for the
         object store (`engine.recovery_copies`)."""
         own, ward = self.engine.recovery_copies()
-        info = CopyInfo(self.rank, self.engine.version,
-                        own.version if own else None, shapes_of(own) if own else None,
+        info = CopyInfo(self.rank, own.version if own else None, shapes_of(own) if own else None,
                         ward.rank if ward else None, ward.version if ward else None,
                         shapes_of(ward) if ward else None)
         return info, own, ward

@@ -3,15 +3,19 @@ disk and a training batch whose rows carry different numbers of loss tokens."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
+import torch.multiprocessing as mp
 
 from eddyrl.platform_checks.engines import LENGTH, ROWS, batch_layout
 from eddyrl.protocol import TrainBatch
 
 # ROWS: (prompt length, response length); right padding to LENGTH. Token counts 6, 2, 5, 1
 # differ, so normalising per rank or per micro-batch instead of globally changes the result.
-__all__ = ["LENGTH", "ROWS", "assert_takes_the_plain_step", "hf_logprobs", "make_batch",
-           "plain_logprobs", "save_tiny_model"]
+__all__ = ["LENGTH", "ROWS", "assert_takes_the_plain_step", "hf_logprobs", "join_ranks",
+           "make_batch", "plain_logprobs", "save_tiny_model", "start_ranks"]
 
 
 def save_tiny_model(path: str, seed: int = 0) -> str:
@@ -84,3 +88,23 @@ def assert_takes_the_plain_step(model_path: str, batch: TrainBatch, loss_fn, met
     assert torch.all(logprobs[~real] == 0)  # padding: 0
     assert abs(metrics["loss"] - loss) <= 1e-5 * max(1.0, abs(loss))
     assert abs(metrics["grad_norm"] - norm) <= 1e-5 * norm
+
+
+def start_ranks(worker, module: str, nprocs: int, *args):
+    """`worker(rank, *args)` in `nprocs` processes, forked from a fork server that imported
+    `module` (the test's, where `worker` lives), torch and transformers once: much faster than
+    spawn's fresh imports on two shared cores, and safe, unlike a plain fork of the test
+    process, whose earlier gloo groups hang a child that frees them."""
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    mp.set_forkserver_preload([module, "transformers.models.qwen3.modeling_qwen3"])
+    return mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method=method)
+
+
+def join_ranks(context, timeout_s: float) -> None:
+    """A collective mismatch hangs rather than fails: stop the ranks at a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1.0):  # re-raises a rank's exception
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.terminate()
+            pytest.fail(f"the ranks were still running after {timeout_s} s")

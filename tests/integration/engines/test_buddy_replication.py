@@ -11,12 +11,9 @@ the copy rank 0 held of it, rank 0, a survivor, from its own state after step N.
 
 import os
 import threading
-import time
 
-import pytest
 import torch
-import torch.multiprocessing as mp
-from fsdp_helpers import make_batch, save_tiny_model
+from fsdp_helpers import join_ranks, make_batch, save_tiny_model, start_ranks
 
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.engines.training.buddy import buddy_of, ward_of
@@ -87,20 +84,7 @@ def _worker(rank, model_dir, init_file, out_prefix, batch):
 
 
 def _start_ranks(*args):
-    """Forked from a fork server that imported torch and transformers once (see
-    test_fsdp_data_parallel.py: faster than spawn, safer than a plain fork)."""
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    mp.set_forkserver_preload([__name__, "transformers.models.qwen3.modeling_qwen3"])
-    return mp.start_processes(_worker, args=args, nprocs=WORLD, join=False, start_method=method)
-
-
-def _join(context, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=1.0):  # re-raises a rank's exception
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail(f"the ranks were still running after {timeout_s} s")
+    return start_ranks(_worker, __name__, WORLD, *args)
 
 
 def _assert_same(got: dict, want: dict, what: str) -> None:
@@ -114,7 +98,7 @@ def test_buddy_copies_rebuild_a_lost_rank_bit_for_bit(tmp_path):
     model_dir = save_tiny_model(str(tmp_path / "tiny"))
     batch = make_batch(model_dir)
     out = str(tmp_path / "out")
-    _join(_start_ranks(model_dir, str(tmp_path / "init"), out, batch), timeout_s=300)
+    join_ranks(_start_ranks(model_dir, str(tmp_path / "init"), out, batch), timeout_s=300)
     ranks = [torch.load(f"{out}.{rank}") for rank in range(WORLD)]
 
     for rank, result in enumerate(ranks):

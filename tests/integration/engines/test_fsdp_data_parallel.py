@@ -7,12 +7,9 @@ replay step 2 from that checkpoint, which must reproduce it bit for bit.
 """
 
 import os
-import time
 
-import pytest
 import torch
-import torch.multiprocessing as mp
-from fsdp_helpers import make_batch, save_tiny_model
+from fsdp_helpers import join_ranks, make_batch, save_tiny_model, start_ranks
 
 from eddyrl.core.losses import make_policy_loss
 from eddyrl.engines.training.fsdp import FSDPTrainEngine
@@ -78,22 +75,7 @@ def _worker(rank, model_dir, init_file, out_prefix, batch):
 
 
 def _start_ranks(*args):
-    """A fork server imports torch and transformers once, then forks both ranks from that clean
-    process: much faster than spawn's two fresh imports on two shared cores, and safe, unlike a
-    plain fork of this process, whose earlier gloo groups hang a child that frees them."""
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    mp.set_forkserver_preload([__name__, "transformers.models.qwen3.modeling_qwen3"])
-    return mp.start_processes(_worker, args=args, nprocs=WORLD, join=False, start_method=method)
-
-
-def _join(context, timeout_s: float) -> None:
-    """A collective mismatch hangs rather than fails: stop the ranks at a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=1.0):  # re-raises a rank's exception
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail(f"the ranks were still running after {timeout_s} s")
+    return start_ranks(_worker, __name__, WORLD, *args)
 
 
 def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
@@ -107,7 +89,7 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
         expected = _run(single, batch, [slice(0, 4)] * len(SPLITS))
     finally:
         single.close()
-    _join(ranks_running, timeout_s=150)
+    join_ranks(ranks_running, timeout_s=150)
 
     results = [torch.load(f"{out}.{rank}") for rank in range(WORLD)]
     ranks = [r["history"] for r in results]
