@@ -1,13 +1,18 @@
 """A trainer rank's part in rebuilding the trainer after another rank was lost (the driver's
 part: runtime/ray/trainer_rebuild.py).
 
-Two calls, in order, on every rank that goes on:
+Two calls, in order, on every rank that goes on (with buddy copies; without them, one:
+`rejoin_published`, below):
 - `recovery_copies`: a survivor's own last buddy copy and its ward's (engines/training/buddy.py),
   left in Ray's object store; the driver gets only their versions and shapes (`CopyInfo`);
 - `rejoin`: leave the broken group, join the new one at its rendezvous (a new name: a late
   message of the old group cannot reach it), build a fresh engine, and load this rank's shard
   of the last completed step, cut from the old world's copies (`shard_copy.reshard`; only the
   copies it overlaps are fetched). A replacement rank, new to the run, takes only this call.
+
+Without buddy copies (`train.buddy_replication = false`) every member takes
+`rejoin_published`: the same group change, then the run's last checkpoint (optimizer state,
+generators) and over its weights the rollout's published ones (runtime/ray/published_rebuild.py).
 
 A mixin of `TrainerRank` (workers.py), which holds the engine and starts it (`start`).
 """
@@ -49,6 +54,18 @@ class RebuildPlan:
     version: int
 
 
+@dataclass(frozen=True)
+class PublishedPlan:
+    """What `rejoin_published` loads: `weights[0]`, a Ray reference to the whole weights a
+    rollout worker gave back (nested, so that only rank 0 fetches them: the others get their
+    shards by broadcast), of `version`; `checkpoint`, the run's last checkpoint no later than
+    it (a path, or its files shipped where the run directory is not shared), or None."""
+
+    weights: list[Any]
+    version: int
+    checkpoint: Any
+
+
 class RankRebuild:
     engine: Any
     reference: Any
@@ -56,6 +73,7 @@ class RankRebuild:
     rank: int
     world: int
     start: Any  # TrainerRank.start(rendezvous, snapshot)
+    load: Any  # TrainerRank.load(checkpoint)
 
     def recovery_copies(self) -> tuple[CopyInfo, ShardCopy | None, ShardCopy | None]:
         """Called with `num_returns=3`: the info for the driver, the two copies for the
@@ -79,6 +97,23 @@ class RankRebuild:
         self.engine.restore_shard(copy)
         del copy
         self.engine.snapshot()  # the new ring's first copies, of the state just loaded
+
+    def rejoin_published(self, rendezvous: str, rank: int, world: int,
+                         plan: PublishedPlan) -> bool:
+        """`rejoin`'s group change, then the state without copies: the checkpoint's (or a
+        fresh optimizer's), with the published weights over it. Returns whether the weights
+        came in the trainer's own dtypes (rank 0's answer; True on the others)."""
+        import ray
+
+        self._leave()
+        self.rank, self.world = rank, world
+        self.start(rendezvous, snapshot=False)
+        if plan.checkpoint is not None:
+            self.load(plan.checkpoint)
+        weights = ray.get(plan.weights[0]) if rank == 0 else {}
+        exact = self.engine.load_full_weights(weights, plan.version)
+        del weights
+        return exact
 
     def _leave(self) -> None:
         engine = getattr(self, "engine", None)

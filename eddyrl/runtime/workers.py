@@ -190,6 +190,11 @@ class RolloutWorker:
             await self.engine.load_weights(replica.version, [state])
         return self.engine.version
 
+    async def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """Called with `num_returns=2`: the version, for the driver, and the weights, left in
+        the object store for the rebuilt trainer's rank 0 (`InferenceEngine.held_weights`)."""
+        return await self.engine.held_weights()
+
     def stats(self):
         return self.engine.stats()
 

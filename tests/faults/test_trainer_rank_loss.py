@@ -97,3 +97,40 @@ def test_four_lost_ranks_in_one_run_it_finishes_bit_for_bit(tiny_model_dir, tmp_
     assert mine.keys() == theirs.keys()
     different = [name for name in mine if not torch.equal(mine[name], theirs[name])]
     assert not different, different[:5]
+
+
+@pytest.mark.slow
+def test_without_buddy_copies_a_lost_rank_starts_again_from_the_published_weights(
+        tiny_model_dir, tmp_path, fault_free):
+    """`train.buddy_replication = false`: rank 1 killed in step 4. The new group takes the
+    weights of version 3 from the rollout worker and the optimizer state and generators of
+    checkpoint step 3 (checkpoint.every = 1, the rollout in the trainer's fp32): that is the
+    step's starting state exactly, so the run ends bit for bit as the fault-free one. (With an
+    older checkpoint the optimizer's moments would be older: the event says
+    `trainer_state_exact` 0; the choice is tests/fast/runtime/test_published_rebuild.py.)"""
+    run_dir = tmp_path / "run"
+    rc, err = _run(tiny_model_dir, run_dir, "train.buddy_replication=false",
+                   faults="train_step:1:3")
+    assert rc == 0, err[-3000:]
+    assert [p.name for p in (tmp_path / "run.fired").iterdir()] == ["train_step_1_3"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [event] = summary["trainer_recoveries"]
+    print(f"\nlost trainer rank 1 without copies: rebuilt in {event['seconds']:.1f} s")
+    assert (event["during"], event["rank"], event["cause"]) == ("train_step", 1, "actor died")
+    assert event["trainer_weights_from_worker"] == 0
+    assert event["trainer_optimizer_version"] == 3 and event["trainer_state_exact"] == 1
+    assert event["trainer_world"] == 2 and summary["steps"] == STEPS
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(STEPS + 1))
+    ledger = Ledger.from_dict(json.loads((run_dir / "checkpoint" / "ledger.json").read_text()))
+    counts = ledger.fresh_train_counts_by_prompt(0)
+    report = ledger.check_exactly_once([i for i, n in counts.items() if n], epoch=0)
+    assert not report.missing and not report.duplicated
+    reference = Ledger.from_dict(json.loads(
+        (fault_free / "checkpoint" / "ledger.json").read_text()))
+    assert counts == reference.fresh_train_counts_by_prompt(0)
+
+    mine, theirs = _weights(run_dir), _weights(fault_free)
+    different = [name for name in mine if not torch.equal(mine[name], theirs[name])]
+    assert not different, different[:5]

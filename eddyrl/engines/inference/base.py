@@ -77,6 +77,10 @@ def check_request(request: GenerationRequest, max_positions: int) -> None:
                          "differ in length")
 
 
+class WeightsNotHeld(Exception):
+    """An engine cannot give back the weights it decodes with (`held_weights`): why."""
+
+
 class InferenceEngine(abc.ABC):
     """One rollout worker's engine. Every method is safe to call while `generate` runs."""
 
@@ -146,6 +150,15 @@ class InferenceEngine(abc.ABC):
         """`load_weights`, each bucket taken off the broadcast by the engine's own processes
         (`connect_weight_channel` first), with the same version semantics."""
         raise NotImplementedError(f"{type(self).__name__} does not receive weights itself")
+
+    # ---- optional: the weights given back, for a trainer rebuilt without buddy copies -----
+    async def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The newest whole weights this engine holds (staged to apply, else hosted) and their
+        version: every weight the trainer sends, under the trainer's (Hugging Face) names, full
+        (not a tensor-parallel slice), on the host, in the engine's dtype. A trainer that lost a
+        rank without buddy copies starts again from them (runtime/ray/published_rebuild.py).
+        An engine that cannot give them back raises `WeightsNotHeld`, saying why."""
+        raise WeightsNotHeld(f"the {type(self).__name__} engine cannot give its weights back")
 
     def configure(self, *, max_batch_size: int | None = None,
                   partial_rollout: bool | None = None) -> None:

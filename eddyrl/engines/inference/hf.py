@@ -38,7 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ...hal import Platform
-from .base import (InferenceEngine, OutputSoFar, check_request, engine_dtype,
+from .base import (InferenceEngine, OutputSoFar, WeightsNotHeld, check_request, engine_dtype,
                    longest_request)
 from ...models.config import weights_kwargs
 from ...protocol import EngineStats, GenerationRequest, GenerationResult, RoutedExperts
@@ -362,6 +362,26 @@ class HFInferenceEngine(InferenceEngine):
         """A tied output head needs no separate tensor when its embedding was loaded."""
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         return tied and missing <= {"lm_head.weight"} and "model.embed_tokens.weight" in seen
+
+    async def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The model's state dict (the names the trainer sends), staged weights over the
+        hosted ones, copied to the host under the lock (in a thread: a decode step holds it),
+        so an apply cannot land half way."""
+        return await asyncio.to_thread(self._held_weights)
+
+    def _held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        with self._lock:
+            staged = self._staged
+            if self._base or (staged is not None and low_rank.targets(staged)):
+                raise WeightsNotHeld("it holds LoRA factors merged onto its weights; the "
+                                     "adapter itself is not among them")
+            weights = {name: t.detach().to("cpu", copy=True)
+                       for name, t in self.model.state_dict().items()}
+            if staged is not None:
+                weights.update({name: t.detach().to("cpu", copy=True)
+                                for name, t in staged.items()})
+                return self._gate.staged, weights
+            return self._gate.hosted, weights
 
     async def sleep(self) -> None:
         with self._lock:

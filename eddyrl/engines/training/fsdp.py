@@ -32,7 +32,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
-from ...errors import ConfigError
+from ...errors import ConfigError, EddyError
 from ... import fault_points
 from ..config import LoraConfig
 from ...hal import Platform, iter_buckets
@@ -47,12 +47,11 @@ from .offload import (check_offload, fsdp_offload_policy, full_tensor,
                       keep_optimizer_state_on_host, move_for_colocation)
 from .logprob import PolicyForward, TokenLogProbs
 from .packing import MicroBatch, micro_batches, micro_logprobs, packs_prompts, place_rows
-from .state_files import load_optimizer, load_rng, save_optimizer, save_rng
+from .state_files import ENGINE_STATE_FILE, load_optimizer, load_rng, save_optimizer, save_rng
 
 log = logging.getLogger(__name__)
 
 OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state (safetensors)
-ENGINE_STATE_FILE = "eddy_train_state.json"
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
                    "merges.txt", "chat_template*")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -444,6 +443,27 @@ class FSDPTrainEngine(TrainEngine):
         load_rng(self.platform, path, self.rank)
         self.version = int(state["version"])
         hd.barrier()
+
+    def load_full_weights(self, full: dict[str, torch.Tensor], version: int) -> bool:
+        """Collective: the whole weights, held by rank 0 alone (the others pass {}), into
+        every rank's shards, cast to the model's dtypes; the engine is then at `version`.
+        A trainer rebuilt without buddy copies takes the rollout's weights so
+        (runtime/ray/published_rebuild.py); its optimizer state is a checkpoint's. Returns
+        whether rank 0 had every weight in the model's dtype (no rounding came with them)."""
+        exact = True
+        if self.rank == 0:
+            targets = self.model.state_dict()
+            missing = sorted(targets.keys() - full.keys())
+            if missing:
+                raise EddyError(f"the weights given back for version {version} lack "
+                                f"{missing[:3]} ({len(missing)} of {len(targets)})")
+            exact = all(full[name].dtype == t.dtype for name, t in targets.items())
+            full = {name: full[name].to(t.dtype) for name, t in targets.items()}
+        set_model_state_dict(self.model, full, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=True))
+        self.version = version
+        hd.barrier()
+        return exact
 
     def restore_shard(self, copy: buddy.ShardCopy) -> None:
         """This rank rebuilt from a copy (`BuddyStore.restore`, or `shard_copy.reshard` of

@@ -34,6 +34,7 @@ from ...hal import Platform
 log = logging.getLogger(__name__)
 
 PARAM_GROUPS_FILE = "param_groups.json"
+ENGINE_STATE_FILE = "eddy_train_state.json"  # the engine's version and what it saved
 RNG_DIR = "rng"
 
 

@@ -43,6 +43,7 @@ class RayRuntime:
     def __init__(self, settings: RuntimeSettings, model_path: str, work_dir: str) -> None:
         self.session = start_ray(settings)  # None when joining a cluster: nothing watched
         self.settings = settings
+        self.work_dir = work_dir  # the run directory: its checkpoints (published_rebuild.py)
         # a worker's full traceback goes to the run's worker_errors.log, where its line points
         self.calls = RayCalls(self.session, settings.cluster.timeout_s,
                               Path(work_dir).resolve() / "worker_errors.log")

@@ -1,9 +1,8 @@
 """The trainer rebuilt in place after a lost rank (`RayRuntime.recover_trainer`), at the state
 of its last completed step, so that the interrupted call runs again (core/trainer_recovery.py).
 
-1. Why not: `train.on_rank_loss = stop`, one rank (no survivor), colocated placement (the lost
-   rank's device is its rollout worker's too), or no buddy copies
-   (`train.buddy_replication = false`): the loss ends the run, saying which.
+1. Why not: `train.on_rank_loss = stop`, one rank (no survivor), or colocated placement (the
+   lost rank's device is its rollout worker's too): the loss ends the run, saying which.
 2. The lost rank's process is ended (`ray.kill`): one that stopped taking part still holds its
    device, and a late message of it must not reach anyone.
 3. Each survivor reports its copies (`TrainerRank.recovery_copies`): its own last one and the
@@ -14,7 +13,9 @@ of its last completed step, so that the interrupted call runs again (core/traine
    its copy is not. A copy of a later version (the step had finished on that rank, its copy
    begun, before the loss was known: rerunning it would train its batch twice), or a buddy
    whose copy of the lost rank was still arriving, makes the rebuild impossible: the run ends,
-   saying so.
+   saying so. Without copies (`train.buddy_replication = false`) the state is the rollout's
+   published weights of that version and the last checkpoint's optimizer instead
+   (published_rebuild.py): not bit for bit unless that checkpoint is of that version.
 4. The members: with `replace`, a new actor in the lost rank's bundle (its node if alive, else
    wherever Ray finds the device), given `REPLACEMENT_WAIT_S` to start; the survivors alone
    (`shrink`, or no replacement in time), renumbered in order.
@@ -35,10 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime_protocol import TrainerRankLost
 from ..rank_rebuild import CopyInfo, RebuildPlan
+from .published_rebuild import published_plan
 
 if TYPE_CHECKING:
     from .runtime import RayRuntime
@@ -60,19 +62,14 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
     world = len(runtime.trainers)
     ray.kill(runtime.trainers[lost.rank], no_restart=True)
     survivors = [r for r in range(world) if r != lost.rank]
-    refs = {r: runtime.trainers[r].recovery_copies.options(num_returns=3).remote()
-            for r in survivors}
-    infos = await runtime.calls.call_all([(f"trainer rank {r}", "recovery copies", refs[r][0])
-                                          for r in survivors])
-    version, why = common_version(lost.rank, world, dict(zip(survivors, infos)),
-                                  runtime.trainer_version)
-    if why:
-        raise lost.not_recovered(why)
-    by_rank: dict[int, CopyInfo] = dict(zip(survivors, infos))
-    keeper = (lost.rank + 1) % world
-    pieces = [refs[keeper][2] if r == lost.rank else refs[r][1] for r in range(world)]
-    shapes = [by_rank[keeper].ward_shapes if r == lost.rank else by_rank[r].own_shapes
-              for r in range(world)]
+    version = runtime.trainer_version
+    if runtime.settings.trainer.train.buddy_replication:
+        rejoin, recorded = await _from_copies(runtime, lost, survivors, version)
+    else:  # no copies: the rollout's weights, a checkpoint's optimizer (published_rebuild.py)
+        plan, recorded = await published_plan(runtime, lost, version)
+
+        def rejoin(actor: Any, rendezvous: str, rank: int, world: int, old: int) -> Any:
+            return actor.rejoin_published.remote(rendezvous, rank, world, plan)
     members = [(runtime.trainers[r], r) for r in survivors]  # (actor, old rank: generators)
     replacement = None
     if runtime.settings.trainer.train.on_rank_loss == "replace":
@@ -85,14 +82,42 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
     runtime.trainer_generation += 1
     rendezvous = await asyncio.to_thread(
         runtime._rendezvous, f"trainer_group.g{runtime.trainer_generation}", new_world)
-    await runtime.calls.call_all([
+    exact_weights = await runtime.calls.call_all([
         (f"trainer rank {rank}", f"rejoin (group generation {runtime.trainer_generation})",
-         actor.rejoin.remote(rendezvous, rank, new_world,
-                             RebuildPlan(pieces, shapes, old, version)))
+         rejoin(actor, rendezvous, rank, new_world, old))
         for rank, (actor, old) in enumerate(members)])
     await _follow(runtime, reconnect=new_sender)
+    # the state is the lost attempt's starting state bit for bit: copies always; without
+    # them, only a checkpoint of that very version and weights in the trainer's dtypes
+    exact = recorded.get("trainer_optimizer_version", version) == version \
+        and all(e is not False for e in exact_weights)
     return {"trainer_world": float(new_world), "trainer_replaced": float(replacement is not None),
+            "trainer_state_exact": float(exact), **recorded,
             "trainer_rebuild_s": runtime.now() - began}
+
+
+async def _from_copies(runtime: RayRuntime, lost: TrainerRankLost, survivors: list[int],
+                       version: int) -> tuple[Callable[..., Any], dict[str, float]]:
+    """The buddy copies of `version` (the survivors' own, the lost rank's on its buddy) and
+    how a member of the new group loads its shard of them (`TrainerRank.rejoin`)."""
+    world = len(survivors) + 1
+    refs = {r: runtime.trainers[r].recovery_copies.options(num_returns=3).remote()
+            for r in survivors}
+    infos = await runtime.calls.call_all([(f"trainer rank {r}", "recovery copies", refs[r][0])
+                                          for r in survivors])
+    version, why = common_version(lost.rank, world, dict(zip(survivors, infos)), version)
+    if why:
+        raise lost.not_recovered(why)
+    by_rank: dict[int, CopyInfo] = dict(zip(survivors, infos))
+    keeper = (lost.rank + 1) % world
+    pieces = [refs[keeper][2] if r == lost.rank else refs[r][1] for r in range(world)]
+    shapes = [by_rank[keeper].ward_shapes if r == lost.rank else by_rank[r].own_shapes
+              for r in range(world)]
+
+    def rejoin(actor: Any, rendezvous: str, rank: int, new_world: int, old: int) -> Any:
+        return actor.rejoin.remote(rendezvous, rank, new_world,
+                                   RebuildPlan(pieces, shapes, old, version))
+    return rejoin, {}
 
 
 def why_not_in_place(runtime: RayRuntime, lost: TrainerRankLost) -> str:
@@ -106,8 +131,6 @@ def why_not_in_place(runtime: RayRuntime, lost: TrainerRankLost) -> str:
     if runtime.colocated:
         return ("cluster.placement = colocated: its device is rollout worker "
                 f"{lost.rank}'s too; in-place recovery needs cluster.placement = split")
-    if not train.buddy_replication:
-        return "train.buddy_replication = false: no copy of its shard was kept"
     return ""
 
 
