@@ -134,3 +134,29 @@ def test_without_buddy_copies_a_lost_rank_starts_again_from_the_published_weight
     mine, theirs = _weights(run_dir), _weights(fault_free)
     different = [name for name in mine if not torch.equal(mine[name], theirs[name])]
     assert not different, different[:5]
+
+
+@pytest.mark.slow
+def test_colocated_a_lost_rank_is_replaced_on_the_device_it_shared(tiny_model_dir, tmp_path):
+    """`cluster.placement=colocated` (rank i and rollout worker i on device i): rank 1 killed
+    mid-step (the engines asleep: the trainer's turn) and rank 0 in the weight export (the
+    engines awake by then). The engines sleep while the new group builds on the shared
+    devices, the call runs again and hands them on: the run finishes, each step once, every
+    group trained once. (Bit for bit is the split runs' test above: the same rebuild.)"""
+    run_dir = tmp_path / "run"
+    rc, err = _run(tiny_model_dir, run_dir, "cluster.placement=colocated",
+                   "rollout.num_workers=2", faults="train_step:1:1,weight_export:0:3")
+    assert rc == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = summary["trainer_recoveries"]
+    assert [(e["during"], e["rank"]) for e in events] == [("train_step", 1),
+                                                        ("weight export", 0)]
+    assert all(e["trainer_world"] == 2 and e["trainer_replaced"] == 1 for e in events)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(STEPS + 1))
+    assert all(m["switch_s"] > 0 for m in lines if m["step"] > 0)  # still taking turns
+    ledger = Ledger.from_dict(json.loads((run_dir / "checkpoint" / "ledger.json").read_text()))
+    counts = ledger.fresh_train_counts_by_prompt(0)
+    report = ledger.check_exactly_once([i for i, n in counts.items() if n], epoch=0)
+    assert not report.missing and not report.duplicated
+    assert sum(counts.values()) == len([i for i, n in counts.items() if n])

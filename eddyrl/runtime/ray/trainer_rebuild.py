@@ -1,8 +1,8 @@
 """The trainer rebuilt in place after a lost rank (`RayRuntime.recover_trainer`), at the state
 of its last completed step, so that the interrupted call runs again (core/trainer_recovery.py).
 
-1. Why not: `train.on_rank_loss = stop`, one rank (no survivor), or colocated placement (the
-   lost rank's device is its rollout worker's too): the loss ends the run, saying which.
+1. Why not: `train.on_rank_loss = stop`, or one rank (no survivor): the loss ends the run,
+   saying which.
 2. The lost rank's process is ended (`ray.kill`): one that stopped taking part still holds its
    device, and a late message of it must not reach anyone.
 3. Each survivor reports its copies (`TrainerRank.recovery_copies`): its own last one and the
@@ -17,8 +17,10 @@ of its last completed step, so that the interrupted call runs again (core/traine
    published weights of that version and the last checkpoint's optimizer instead
    (published_rebuild.py): not bit for bit unless that checkpoint is of that version.
 4. The members: with `replace`, a new actor in the lost rank's bundle (its node if alive, else
-   wherever Ray finds the device), given `REPLACEMENT_WAIT_S` to start; the survivors alone
-   (`shrink`, or no replacement in time), renumbered in order.
+   wherever Ray finds the device; colocated, the device it shares with its rollout worker),
+   given `REPLACEMENT_WAIT_S` to start; the survivors alone (`shrink`, or no replacement in
+   time), renumbered in order. Colocated, the rollout engines sleep first: the new engines
+   take the shared devices.
 5. A new group: a new rendezvous name, `trainer_group.g<generation>` (a new file on one
    machine, a new store on a new port across machines), so nothing of the old group can join
    it. Every member leaves the old group, joins the new one and loads its shard, cut from the
@@ -38,6 +40,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from ...errors import WorkerLost
 from ...runtime_protocol import TrainerRankLost
 from ..rank_rebuild import CopyInfo, RebuildPlan
 from .published_rebuild import published_plan
@@ -76,6 +79,8 @@ async def rebuild_trainer(runtime: RayRuntime, lost: TrainerRankLost) -> dict[st
         replacement = await _replacement(runtime, lost.rank, world)
         if replacement is not None:
             members.insert(lost.rank, (replacement, lost.rank))
+    if runtime.colocated:
+        await _devices_to_the_trainer(runtime)
     new_world = len(members)
     new_sender = members[0][0] is not runtime.trainers[0]  # old rank 0 lost: a new one sends
     runtime.trainers = [actor for actor, _ in members]
@@ -128,9 +133,6 @@ def why_not_in_place(runtime: RayRuntime, lost: TrainerRankLost) -> str:
         return "train.on_rank_loss = stop"
     if len(runtime.trainers) < 2:
         return "it was the only trainer rank: no survivor holds the state"
-    if runtime.colocated:
-        return ("cluster.placement = colocated: its device is rollout worker "
-                f"{lost.rank}'s too; in-place recovery needs cluster.placement = split")
     return ""
 
 
@@ -156,6 +158,20 @@ def common_version(lost: int, world: int, infos: dict[int, CopyInfo],
         return -1, (f"trainer rank {keeper.rank} keeps rank {lost}'s copy and holds {held}, "
                     f"not version {version} (the copy was arriving when the rank was lost)")
     return version, ""
+
+
+async def _devices_to_the_trainer(runtime: RayRuntime) -> None:
+    """Colocated: the rollout engines sleep before the new group builds its engines on the
+    devices they share (mid-step they sleep already; in a weight export or after a checkpoint
+    they may be awake). The call that runs again hands the devices on as it always does."""
+    actors = runtime.actors
+    results = await asyncio.gather(*(
+        actors.call(i, "sleep (a trainer rebuilt on the shared devices)",
+                    lambda actor: actor.sleep.remote()) for i in actors.live()),
+        return_exceptions=True)
+    for result in results:  # a worker lost meanwhile is the rollout's to find, on its next call
+        if isinstance(result, BaseException) and not isinstance(result, WorkerLost):
+            raise result
 
 
 async def _replacement(runtime: RayRuntime, rank: int, world: int) -> Any | None:
