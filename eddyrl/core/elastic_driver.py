@@ -32,7 +32,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerLost
 from ..runtime_protocol import ElasticRuntime
 from ..scheduler.adaptive import Change
 from ..scheduler.elastic import Action, Do, ElasticPool, PoolError, Role, State
@@ -202,6 +202,9 @@ class ElasticDriver:
                 continue
             del self._tasks[worker]
             error = task.exception()
+            if isinstance(error, WorkerLost):  # its process died mid-move (joining, leaving)
+                await self._lost(worker, str(error))
+                continue
             if error is not None:
                 self.events.append({"step": self.pool.step, "worker": worker,
                                     "failed": what, "error": str(error)})
@@ -222,7 +225,12 @@ class ElasticDriver:
         """A replica holding the trainer's current weights has fetched its state."""
         for worker in range(self.num_rollout):
             if self.pool.state(worker) is State.FETCHING_STATE:
-                if await self.runtime.replica_version(worker) >= version:
+                try:
+                    fetched = await self.runtime.replica_version(worker)
+                except WorkerLost as lost:
+                    await self._lost(worker, str(lost))
+                    continue
+                if fetched >= version:
                     action = self.pool.state_fetched(worker, self.pool.generation(worker))
                     if action is not None:
                         await self._perform(action)

@@ -321,17 +321,18 @@ class RayRuntime:
                                            w.configure.remote(max_batch_size, partial_rollout))
                                           for i, w in enumerate(self.workers)])
 
+    # A lent worker's death in a move is `WorkerLost` (`RolloutActors.call`): the elastic
+    # driver forgets the move and the rollout replaces the worker; the run goes on.
     async def join_training(self, worker: int) -> None:
-        await self.calls.call(f"rollout worker {worker}", "join training",
-                              self.actors.handle(worker).join_training.remote())
+        await self.actors.call(worker, "join training", lambda a: a.join_training.remote())
 
     async def replica_version(self, worker: int) -> int:
-        return await self.calls.call(f"rollout worker {worker}", "replica version",
-                                     self.actors.handle(worker).replica_version.remote())
+        return await self.actors.call(worker, "replica version",
+                                      lambda a: a.replica_version.remote())
 
     async def leave_training(self, worker: int) -> int:
-        return await self.calls.call(f"rollout worker {worker}", "leave training",
-                                     self.actors.handle(worker).leave_training.remote())
+        return await self.actors.call(worker, "leave training",
+                                      lambda a: a.leave_training.remote())
 
     async def abort(self, worker: int, request_ids: list[str]) -> None:
         await self.actors.call(worker, f"abort ({len(request_ids)} requests)",

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from eddyrl.core.elastic_driver import build_pool
+from eddyrl.errors import WorkerLost
 from eddyrl.scheduler.elastic import Do, ElasticConfig, PoolError, State
 from tests.fast.core.test_elastic_driver import FakeRuntime, _boundaries, _driver
 
@@ -102,6 +103,48 @@ async def _boundaries_from(driver, runtime, first, last):
         seen.append((step, driver.pool.state(1).value, driver.replicas(),
                      driver.rollout.assignment.available[1]))
     return seen
+
+
+class DyingRuntime(ReplacingRuntime):
+    """The lent worker's process dies in its move: in the join (engine sleep, replica
+    build), or when asked which weights its replica fetched."""
+
+    def __init__(self, dies_in):
+        super().__init__()
+        self.dies_in = dies_in
+
+    async def join_training(self, worker):
+        await super().join_training(worker)
+        if self.dies_in == "join":
+            raise WorkerLost(worker, "join training", "The actor is dead")
+
+    async def replica_version(self, worker):
+        if self.dies_in == "fetch":
+            raise WorkerLost(worker, "replica version", "The actor is dead")
+        return await super().replica_version(worker)
+
+
+@pytest.mark.parametrize("dies_in", ["join", "fetch"])
+def test_a_worker_lost_while_joining_is_replaced_and_the_run_goes_on(dies_in):
+    """Not a failed move (which would ask the dead process to leave): a lost worker, whose
+    move is forgotten and whom the rollout replaces."""
+    runtime = DyingRuntime(dies_in)
+    driver = _driver(runtime, ["1 join 1"])
+    driver.rollout.recovery = runtime
+    driver.rollout.moves.recovery = runtime
+
+    async def run():
+        seen = await _boundaries(driver, runtime, 3)
+        await asyncio.sleep(0.01)  # the replacement, in the background
+        return seen
+
+    seen = asyncio.run(run())
+    assert driver.pool.state(1) is State.ROLLOUT and driver.replicas() == []
+    assert runtime.calls == [("join", 1), ("replace", 1)]  # never asked to leave
+    assert driver.rollout.workers_lost == 1
+    assert any("The actor is dead" in e.get("lost", "") for e in driver.events)
+    assert not any("failed" in e for e in driver.events)
+    assert all(replicas == [] for _, _, replicas, _ in seen)
 
 
 def test_a_join_of_a_worker_being_replaced_is_refused():
