@@ -13,7 +13,7 @@ def _commands() -> list[str]:
 def test_readme_has_the_two_commands():
     main_job, tests = _commands()[:2]
     assert main_job.endswith("&& eddy train") and "pip install torch==2.13.0" in main_job
-    assert tests.endswith("&& python -m pytest -q") and "pip install torch==2.13.0" in tests
+    assert tests.endswith("&& python -m pytest -q -n 2") and "pip install torch==2.13.0" in tests
 
 
 def test_ci_runs_the_readme_test_command():
