@@ -310,6 +310,33 @@ def test_held_weights_wait_on_an_idle_engine_until_a_newer_request(engine, tiny_
     assert engine.version == hosted + 1 and engine.stats().staged_version is None
 
 
+def test_held_weights_give_back_the_newest_weights_under_the_trainers_names(engine,
+                                                                         tiny_model_dir):
+    """What a trainer rebuilt without buddy copies starts from (published_rebuild.py): the
+    newest weights, staged ones included, whole, on the host, under the names the trainer
+    sends (its model's state_dict keys), equal to what was loaded in the engine's dtype."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(5)
+    with torch.no_grad():  # each parameter once: a tied weight stays one tensor, as trained
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    loaded = {name: t.clone() for name, t in model.state_dict().items()}
+    names = set(loaded)
+    hosted = engine.version
+    asyncio.run(engine.load_weights(hosted + 1, [loaded], hold=True))  # staged, not applied
+    assert engine.version == hosted
+    version, held = asyncio.run(engine.held_weights())
+    assert version == hosted + 1 and set(held) == names
+    for name, tensor in held.items():
+        assert tensor.device.type == "cpu"
+        assert torch.equal(tensor, loaded[name].to(tensor.dtype)), name  # exact: same dtype
+    asyncio.run(_collect(engine, _versioned(1, hosted + 1, max_new=2, prefix="apply")))
+    assert engine.version == hosted + 1  # applied now: the same weights, hosted
+    version, hosted_weights = asyncio.run(engine.held_weights())
+    assert version == hosted + 1
+    assert all(torch.equal(hosted_weights[n], held[n]) for n in names)
+
+
 def test_a_resumed_request_whose_staged_version_was_superseded_while_it_waited_is_refused(
         engine, tiny_model_dir):
     """Two publishes while a request for the first one waits behind running work: a fresh

@@ -54,6 +54,41 @@ def test_greedy_outputs_equal_hf_after_load_weights(vllm, tiny_model_dir):
 
 
 @needs_vllm
+def test_held_weights_are_the_loaded_ones_under_the_trainers_names(vllm, tiny_model_dir,
+                                                                   monkeypatch):
+    """`held_weights` reads vLLM's model back (weights_back.py): after an update to version 3,
+    exactly the names the trainer sends (the HF state dict's, the tied head included), each
+    equal to what was loaded (fp32 update, fp32 engine: exact; the CPU backend's linear
+    weights come back through its GEMM on the identity). An update staged but held comes back
+    as the newest, in the engine's dtype (sent in bf16: the same values in fp32). A name the
+    model cannot give is refused, naming it."""
+    from eddyrl.engines.inference.base import WeightsNotHeld
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(11)
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied: one tensor, as exported
+    asyncio.run(vllm.load_weights(3, [new]))
+    version, held = asyncio.run(vllm.held_weights())
+    assert version == vllm.version == 3
+    assert set(held) == set(model.state_dict())
+    for name, tensor in new.items():
+        assert held[name].device.type == "cpu" and held[name].dtype == torch.float32
+        assert torch.equal(held[name], tensor), name
+
+    staged = {k: (v - 0.02).to(torch.bfloat16) for k, v in new.items()}
+    asyncio.run(vllm.load_weights(4, [staged], hold=True))
+    version, held = asyncio.run(vllm.held_weights())
+    assert (version, vllm.version) == (4, 3)  # staged, not applied
+    assert all(torch.equal(held[k], v.float()) for k, v in staged.items())
+
+    monkeypatch.setattr(vllm, "_known_names", vllm._known_names | {"model.extra.weight"})
+    with pytest.raises(WeightsNotHeld, match=r"lacks weights the trainer sends: "
+                                             r"\['model.extra.weight'\]"):
+        asyncio.run(vllm.held_weights())
+
+
+@needs_vllm
 def test_top_k_log_probs_are_renormalised_over_the_kept_tokens(vllm, tiny_model_dir):
     """vLLM's processed log-probs: log_softmax(logits / T) restricted to the top-k tokens and
     renormalised over them (hf does not renormalise; see vllm.py)."""
@@ -104,7 +139,8 @@ def test_engine_args_leave_out_what_the_installed_vllm_lacks_but_not_what_is_req
 def test_vllm_starts_in_the_runs_dtype_and_context(tiny_model_dir, vllm):
     """`rollout.dtype` bf16 and the run's longest sequence as vLLM's context: its weights and
     KV cache in bf16, sized for max_batch_size sequences of that length; a longer request is
-    refused; greedy outputs match the float32 engine's on the tiny model."""
+    refused; greedy outputs match the float32 engine's on the tiny model; its weights come
+    back (`held_weights`) as the checkpoint's cast to bf16, exactly."""
     from eddyrl.engines.inference.vllm.api import kv_cache_bytes_for
     from eddyrl.engines.inference.vllm.engine import VLLMInferenceEngine
 
@@ -125,6 +161,10 @@ def test_vllm_starts_in_the_runs_dtype_and_context(tiny_model_dir, vllm):
             assert result.token_ids == by_id[result.request_id].token_ids
             assert max(abs(a - b) for a, b in zip(
                 result.logprobs, by_id[result.request_id].logprobs)) < 0.05
+        version, held = asyncio.run(engine.held_weights())
+        checkpoint = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+        assert version == 0 and set(held) == set(checkpoint)
+        assert all(torch.equal(held[k], v.to(torch.bfloat16)) for k, v in checkpoint.items())
         too_long = GenerationRequest("long", [1] * 40, SamplingParams(max_new_tokens=30))
         with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
             asyncio.run(_collect(engine, [too_long]))

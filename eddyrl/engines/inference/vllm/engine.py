@@ -46,7 +46,8 @@ import torch
 
 from ....hal import WeightBucketSpec, Platform
 from . import transfer
-from ..base import InferenceEngine, check_request, engine_dtype, longest_request
+from ..base import (InferenceEngine, WeightsNotHeld, check_request, engine_dtype,
+                    longest_request)
 from ....protocol import EngineStats, GenerationRequest, GenerationResult
 from ..routing import VLLM_ROUTING_ENV, check_vllm_routing
 from ..stop_strings import watcher
@@ -55,6 +56,7 @@ from .api import TokensPrompt, VLLMApi, kv_cache_args, sampling_params
 from .loop import LoopThread, Slots
 from .trajectory import Trajectory
 from .weights import check_complete, check_known, stage_from_host, weight_names
+from .weights_back import fetch_held
 
 logger = logging.getLogger(__name__)
 _END = object()
@@ -363,6 +365,21 @@ class VLLMInferenceEngine(InferenceEngine):
                 self._gate.apply()
             finally:
                 self._switched.set()
+
+    async def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The staged update over the hosted weights (its version, else the hosted one), read
+        back from the worker under the trainer's names (weights_back.py), taken while no
+        update commits or applies."""
+        return await self._thread.call(self._held_weights())
+
+    async def _held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        if self._sleeping and self.api.sleep_supported:
+            raise WeightsNotHeld("the vllm engine is asleep (its weights are off the "
+                                 "device): wake it first")
+        async with self._switching:
+            gate = self._gate
+            version = gate.hosted if gate.staged is None else gate.staged
+            return version, await fetch_held(self._rpc, self._known_names)
 
     async def _rpc_all(self, method: str, *args) -> list:
         return await self._llm.collective_rpc(method, args=args)  # one result per worker

@@ -37,6 +37,7 @@ from typing import Awaitable, Callable, Sequence
 import torch
 
 from .weights import WeightStaging, worker_device
+from .weights_back import WeightsBack
 
 logger = logging.getLogger(__name__)
 
@@ -147,5 +148,5 @@ class WeightReceiver:
                 logger.exception("a weight broadcast failed while its update was dropped")
 
 
-class WorkerExtension(WeightReceiver, WeightStaging):
+class WorkerExtension(WeightReceiver, WeightStaging, WeightsBack):
     """The class vLLM mixes into its worker (`worker_extension_cls`)."""
