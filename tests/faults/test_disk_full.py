@@ -22,7 +22,7 @@ def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, mon
                                                    capsys):
     """The second checkpoint's write fails (the in-process runtime, a real run): before, the
     CheckpointException's traceback; now one line naming ENOSPC and the step-1 checkpoint."""
-    from eddyrl.engines.training import fsdp
+    from eddyrl.engines.training import fsdp_checkpoint
 
     saves = []
 
@@ -32,8 +32,8 @@ def test_a_full_disk_in_process_ends_with_one_line(tiny_model_dir, tmp_path, mon
             raise checkpoint_exception(ENOSPC)
         return real_save_rng(*args)
 
-    real_save_rng = fsdp.save_rng
-    monkeypatch.setattr(fsdp, "save_rng", save_rng)
+    real_save_rng = fsdp_checkpoint.save_rng
+    monkeypatch.setattr(fsdp_checkpoint, "save_rng", save_rng)
     run_dir = tmp_path / "run"
     rc = main(["train", f"model.path={tiny_model_dir}", f"run_dir={run_dir}", "loop.steps=3",
                "checkpoint.every=1", "loop.batch_prompts=2", "loop.eval_every=0",
@@ -72,7 +72,7 @@ def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
     nothing in worker_errors.log (on the full disk) nor anywhere else."""
     import ray
 
-    from eddyrl import cli
+    from eddyrl import cli_train
     from eddyrl.errors import EddyError, WorkerCallError
     from eddyrl.runtime.ray import calls as ray_calls
 
@@ -97,7 +97,7 @@ def test_a_full_disk_on_ray_names_enospc_and_its_traceback_goes_to_stderr(
         in err and "CheckpointException" in err, err  # the whole of it, where it can be read
     config = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(every=1))
     with pytest.raises(EddyError) as line:  # what `eddy train` then prints, one line
-        cli._raise_as_one_line(raised.value, config)
+        cli_train._raise_as_one_line(raised.value, config)
     assert str(line.value).startswith("the disk is full (ENOSPC: No space left on device) "
                                       f"writing in run_dir '{tmp_path}'; free space there"), \
         str(line.value)

@@ -16,44 +16,33 @@ SUM of the ranks' gradients. FSDP2's reduce-scatter AVERAGES them, so each backw
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import logging
 import math
-import os
-import shutil
 from typing import Callable, Iterator
 
 import torch
-from safetensors.torch import load_file
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     set_model_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
-from ...errors import ConfigError, EddyError
+from ...errors import ConfigError
 from ... import fault_points
 from ..config import LoraConfig
-from ...hal import Platform, iter_buckets
+from ...hal import Platform
 from ...hal import distributed as hd
 from .attention import attention_implementation
-from . import buddy
+from . import buddy, fsdp_checkpoint, fsdp_weights
 from . import lora as lora_layers
 from . import routing_replay
 from .base import LossFn, TrainEngine
 from .checkpointing import apply_activation_checkpointing, check_checkpointing
-from .offload import (check_offload, fsdp_offload_policy, full_tensor,
-                      keep_optimizer_state_on_host, move_for_colocation)
+from .offload import (check_offload, fsdp_offload_policy, keep_optimizer_state_on_host,
+                      move_for_colocation)
 from .logprob import PolicyForward, TokenLogProbs
 from .packing import MicroBatch, micro_batches, micro_logprobs, packs_prompts, place_rows
-from .state_files import ENGINE_STATE_FILE, load_optimizer, load_rng, save_optimizer, save_rng
 
 log = logging.getLogger(__name__)
 
-OPTIM_DIR = "optim"  # torch.distributed.checkpoint shards of the optimizer state (safetensors)
-TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
-                   "merges.txt", "chat_template*")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
@@ -151,7 +140,7 @@ class FSDPTrainEngine(TrainEngine):
         self.lora = lora if lora is not None and lora.enabled else None
         if self.lora is not None:
             lora_layers.add_adapters(model, self.lora)
-        self._aliases = _aliases(model)
+        self.aliases = _aliases(model)  # tied names: what a checkpoint's load fills in
         # R3: replays a batch's `routed_experts` in the routers; idle on batches without
         self._replay = routing_replay.RoutingReplay(model)
         mp_policy = self._mixed_precision(_resolve_dtype(param_dtype))
@@ -341,136 +330,27 @@ class FSDPTrainEngine(TrainEngine):
                 full = full.to(param.device, param.dtype)
             param.grad = full.clone() if param.grad is None else param.grad + full
 
-    @torch.no_grad()
+    # ---- whole weights (fsdp_weights.py) and checkpoints (fsdp_checkpoint.py) -----------
     def export_weights(self, bucket_bytes: int, *, low_rank: bool = False
                        ) -> Iterator[dict[str, torch.Tensor]]:
-        """Every rank must drain the iterator: each tensor is gathered when rank 0 reaches it.
-        With LoRA, `low_rank` sends only the adapted weights' factors (engines/low_rank.py),
-        for a receiver that merges them itself; else every weight, the adapted ones merged.
-        `export_bytes` says how many bytes that is."""
+        """Every rank must drain the iterator (`fsdp_weights.export_weights`)."""
         self._settle_copy()
-        fault_points.reached("weight_export", self.rank, self.version)
-        if self.lora is None:
-            named = self._full_tensors()
-        else:
-            named = lora_layers.weight_update(
-                self._full_tensors(lora_layers.is_adapter if low_rank else None),
-                lora_layers.scaling(self.lora), factors=low_rank)
-        if self.rank != 0:
-            for _ in named:  # still take part in every gather
-                pass
-            return
-        yield from iter_buckets(named, bucket_bytes)
+        yield from fsdp_weights.export_weights(self, bucket_bytes, low_rank=low_rank)
 
     def export_bytes(self, *, low_rank: bool = False) -> int:
-        """The bytes `export_weights(low_rank=...)` sends, from the shapes alone (no gather):
-        LoRA's factors have the adapter's shapes; merged weights are the whole model's."""
-        if self.lora is None or not low_rank:
-            return self.full_sync_bytes
-        return sum(t.numel() * t.element_size() for name, t in self.model.state_dict().items()
-                   if lora_layers.is_adapter(name))
-
-    def _full_tensors(self, include: Callable[[str], bool] | None = None
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and full tensors, gathered one at a time so only one bucket is resident
-        (`include`: only the names it accepts, the rest not gathered). A tied weight appears
-        under both names (HF state_dict keys); gathering it twice is the price of not holding
-        it until its alias comes round."""
-        for name, tensor in self.model.state_dict().items():
-            if include is None or include(name):
-                yield name, full_tensor(tensor)
-
-    # ---- checkpoints --------------------------------------------------------------------
-    def save(self, path: str, *, node_local: bool = False) -> None:
-        self._settle_copy()
-        final = os.path.abspath(path)
-        staging = final if node_local else final + ".tmp"
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            os.makedirs(staging)
-        hd.barrier()
-        os.makedirs(staging, exist_ok=True)  # on a node of its own, a rank makes its own
-        if self.lora is None:
-            full = get_model_state_dict(self.model, options=StateDictOptions(
-                full_state_dict=True, cpu_offload=True))  # collective; rank 0 gets the tensors
-        else:  # the adapter alone (the base is the model it names): collective too
-            full = {name: t.cpu() for name, t in self._full_tensors(lora_layers.is_adapter)}
-        # Before the first step the optimizer has no state; asking for its state dict would
-        # create it with step = 1 and change the next update, so record its absence instead.
-        has_optim = bool(self.optimizer.state)
-        fault_points.reached("checkpoint_write", self.rank, self.version)
-        if has_optim:
-            save_optimizer(self.model, self.optimizer, os.path.join(staging, OPTIM_DIR),
-                           self.rank)
-        save_rng(self.platform, staging, self.rank)  # dropout, sampling: an exact resume
-        # every rank's files are in staging before rank 0 renames it: a rank still writing
-        # its RNG file after the rename would leave it out of the checkpoint, in a stray
-        # directory (found under load: a rank's makedirs raced the rename)
-        hd.barrier()
-        if self.rank == 0:
-            if self.lora is None:
-                self.model.save_pretrained(staging, state_dict=full)
-            else:  # peft's format: adapter_config.json + adapter_model.safetensors
-                lora_layers.save_adapter(staging, full, self.lora, self.model_path)
-            for pattern in TOKENIZER_FILES:
-                for source in glob.glob(os.path.join(self.model_path, pattern)):
-                    shutil.copy2(source, staging)
-            with open(os.path.join(staging, ENGINE_STATE_FILE), "w") as f:
-                json.dump({"version": self.version, "optimizer_state": has_optim,
-                           "lora_rank": self.lora.rank if self.lora else 0}, f)
-            if not node_local:
-                _replace_dir(staging, final)
-        hd.barrier()
-
-    def load(self, path: str) -> None:
-        path = os.path.abspath(path)
-        with open(os.path.join(path, ENGINE_STATE_FILE)) as f:
-            state = json.load(f)
-        self._check_lora_matches(path, state.get("lora_rank", 0))
-        full: dict[str, torch.Tensor] = {}
-        if self.rank == 0 and self.lora is not None:  # the adapter; the base is unchanged
-            full = lora_layers.read_adapter(path)
-        elif self.rank == 0:  # the others receive it by broadcast
-            for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-                full.update(load_file(file))
-            for alias, owner in self._aliases.items():  # HF drops tied copies on save
-                full.setdefault(alias, full[owner])
-        set_model_state_dict(self.model, full, options=StateDictOptions(
-            full_state_dict=True, broadcast_from_rank0=True, strict=self.lora is None))
-        self.optimizer.state.clear()
-        if state["optimizer_state"]:
-            load_optimizer(self.model, self.optimizer, os.path.join(path, OPTIM_DIR))
-        load_rng(self.platform, path, self.rank)
-        self.version = int(state["version"])
-        hd.barrier()
+        """The bytes `export_weights(low_rank=...)` sends, from the shapes alone."""
+        return fsdp_weights.export_bytes(self, low_rank=low_rank)
 
     def load_full_weights(self, full: dict[str, torch.Tensor], version: int) -> bool:
-        """Collective: the whole weights, held by rank 0 alone (the others pass {}), into
-        every rank's shards, cast to the model's dtypes; the engine is then at `version`.
-        A trainer rebuilt without buddy copies takes the rollout's weights so
-        (runtime/ray/published_rebuild.py); its optimizer state is a checkpoint's. Returns
-        whether rank 0 had every weight in the model's dtype (no rounding came with them)."""
-        exact = True
-        if self.rank == 0:
-            targets = self.model.state_dict()
-            missing = sorted(targets.keys() - full.keys())
-            if missing:
-                raise EddyError(f"the weights given back for version {version} lack "
-                                f"{missing[:3]} ({len(missing)} of {len(targets)})")
-            exact = all(full[name].dtype == t.dtype for name, t in targets.items())
-            full = {name: full[name].to(t.dtype) for name, t in targets.items()}
-        set_model_state_dict(self.model, full, options=StateDictOptions(
-            full_state_dict=True, broadcast_from_rank0=True, strict=True))
-        self.version = version
-        hd.barrier()
-        return exact
+        """Collective: rank 0's whole weights into every rank's shards; whether exact."""
+        return fsdp_weights.load_full_weights(self, full, version)
 
-    def restore_shard(self, copy: buddy.ShardCopy) -> None:
-        """This rank rebuilt from a copy (`BuddyStore.restore`, or `shard_copy.reshard` of
-        the old world's copies): its shards of the weights and optimizer state, its
-        generators and version, as they were after `copy.version`. Local: every other rank
-        takes its own."""
-        buddy.restore_engine(self, copy)
+    def save(self, path: str, *, node_local: bool = False) -> None:
+        self._settle_copy()
+        fsdp_checkpoint.save(self, path, node_local=node_local)
+
+    def load(self, path: str) -> None:
+        fsdp_checkpoint.load(self, path)
 
     # ---- buddy replication (buddy.py) ----------------------------------------------------
     def snapshot(self) -> None:
@@ -514,13 +394,12 @@ class FSDPTrainEngine(TrainEngine):
         if self._owns_group:
             hd.abandon()
 
-    def _check_lora_matches(self, path: str, saved_rank: int) -> None:
-        rank = self.lora.rank if self.lora else 0
-        if saved_rank != rank:
-            holds = f"a LoRA adapter of rank {saved_rank}" if saved_rank else "full weights"
-            raise ConfigError(f"checkpoint {path} holds {holds}; this run has "
-                              f"train.lora.rank = {rank}: resume with the setting the "
-                              "checkpoint was trained with")
+    def restore_shard(self, copy: buddy.ShardCopy) -> None:
+        """This rank rebuilt from a copy (`BuddyStore.restore`, or `shard_copy.reshard` of
+        the old world's copies): its shards of the weights and optimizer state, its
+        generators and version, as they were after `copy.version`. Local: every other rank
+        takes its own."""
+        buddy.restore_engine(self, copy)
 
     # ---- memory -------------------------------------------------------------------------
     def offload(self) -> None:
@@ -542,13 +421,3 @@ class FSDPTrainEngine(TrainEngine):
         if self._owns_group:
             hd.destroy()
 
-
-def _replace_dir(staging: str, final: str) -> None:
-    """Put `staging` at `final`. A rename is atomic; replacing an existing directory needs two,
-    so a crash in between leaves the previous checkpoint at `final`.old, never half a one."""
-    previous = final + ".old"
-    shutil.rmtree(previous, ignore_errors=True)
-    if os.path.exists(final):
-        os.rename(final, previous)
-    os.rename(staging, final)
-    shutil.rmtree(previous, ignore_errors=True)

@@ -1,9 +1,10 @@
 """`RayRuntime`, what the controller drives when workers are Ray actors: it never sees Ray,
 only awaitable calls, the runtime's clock, and the weight sync as one operation.
 
-It holds the trainer ranks' actors and the weight channel between them and the rollout
-workers; the rollout workers themselves are one object it holds (`RolloutActors`), and every
-call goes through one `RayCalls` (named, with a deadline). Ray itself is started and stopped
+It holds the trainer ranks' actors; the rollout workers are one object it holds
+(`RolloutActors`), the weight channel between them another (`WeightSync`,
+weight_sync.py), and every call goes through one `RayCalls` (named, with a deadline). The
+trainer's checkpoints travel as trainer_checkpoints.py says. Ray itself is started and stopped
 by `lifecycle.py`.
 """
 
@@ -13,7 +14,6 @@ import asyncio
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,13 +24,15 @@ from ...core.batching import split_for_ranks
 from ...errors import WorkerCallError, WorkerLost
 from ...runtime_protocol import TrainerRankLost
 from ..node_files import DirectoryShipment
-from ..workers import RolloutWorker, TrainerRank, weight_group_layout
+from ..workers import RolloutWorker, TrainerRank
+from . import trainer_checkpoints
 from .calls import RayCalls
 from .lifecycle import start_ray, stop_ray
 from .placement import actor_options, check_split_devices, colocation_group, role_group
 from .rollout_actors import PublishedWeights, RolloutActors
 from .trainer_calls import RankPlace, TrainerCalls, dead_replicas
 from .trainer_rebuild import rebuild_trainer
+from .weight_sync import WeightSync
 
 if TYPE_CHECKING:
     from ..settings import RuntimeSettings
@@ -146,8 +148,8 @@ class RayRuntime:
                                     new_worker, self.calls, self.weights,
                                     reconnect=self._connect_weight_channel,
                                     send_weights=self._send_weights)
-        self._channel_generation = 0
-        self._channel_lock = threading.Lock()
+        self.weight_sync = WeightSync(settings.weight_channel, self.calls, self.actors,
+                                      self._rendezvous)
         self._connect_weight_channel()
         self.devices = {"trainer": trainer_devices,
                         "rollout": self.calls.get_all([(f"rollout worker {i}", "device",
@@ -190,31 +192,9 @@ class RayRuntime:
         return await self.actors.replace_worker(worker)
 
     def _connect_weight_channel(self) -> None:
-        """Open the weight channel between trainer rank 0 and every rollout worker. A worker
-        found dead meanwhile is marked lost (its next call tells the rollout); a collective
-        group cannot form without it, so there that is an error. One at a time: a rollout
-        worker's replacement and a trainer's rebuild may both reopen it, from their threads."""
-        with self._channel_lock:
-            self._open_weight_channel()
-
-    def _open_weight_channel(self) -> None:
-        kind = self.settings.weight_channel
-        # Trainer rank 0 sends; each rollout worker receives with one rank, or with one per
-        # process of its engine where the engine takes the broadcast itself (vLLM's workers).
-        ranks = self.actors.results_of_each([w.weight_ranks.remote(kind) for w in self.workers],
-                                            kind, 1)
-        offsets, world = weight_group_layout(ranks)
-        # a new rendezvous per connection: a replaced worker rebuilds the group for every member
-        rendezvous = self._rendezvous(f"weight_channel.{self._channel_generation}", world) \
-            if kind == "collective" else ""
-        self._channel_generation += 1
-        trainers = [(f"trainer rank {r}", "weight channel set-up",
-                     t.connect_weight_channel.remote(kind, rendezvous, 0, world))
-                    for r, t in enumerate(self.trainers)]
-        self.actors.results_of_each([w.connect_weight_channel.remote(kind, rendezvous, offset,
-                                                                   world)
-                                     for w, offset in zip(self.workers, offsets)], kind, None)
-        self.calls.get_all(trainers)
+        """The weight channel opened from trainer rank 0 (`WeightSync.connect`): at start,
+        after a rollout worker's replacement, and by a rebuild with a new rank 0."""
+        self.weight_sync.connect(self.trainers)
 
     def _rendezvous(self, name: str, world_size: int) -> str:
         """Where a group of `world_size` members led by trainer rank 0 meets: a file of this
@@ -348,76 +328,27 @@ class RayRuntime:
         return hosted
 
     async def _send_weights(self, version: int, hold: Sequence[int] = ()) -> list[int]:
-        specs = await self.ranks.call_all([(r, "weight export", t.describe_weights.remote())
-                                           for r, t in enumerate(self.trainers)])
-        if self.colocated:  # the export holds the weights in host memory: the engines' turn
-            await self._hand_devices_to("rollout")
-        receivers = self.actors.live()
-        results = await asyncio.gather(
-            self.ranks.call_all([(r, "weight send", t.send_weights.remote())
-                                 for r, t in enumerate(self.trainers)]),
-            *(self.actors.call(i, f"weight load v{version}",
-                               lambda actor, i=i: actor.load_weights.remote(
-                                   version, specs[0], i in hold))
-              for i in receivers), return_exceptions=True)
-        hosted = [-1] * len(self.workers)
-        if isinstance(results[0], BaseException):  # the trainer ranks' sends
-            raise results[0]
-        for worker, result in zip(receivers, results[1:]):
-            if isinstance(result, WorkerLost):
-                # dead before anyone noticed: its next call raises WorkerLost to the rollout,
-                # which puts its requests back and has it replaced
-                self.actors.mark_lost(worker)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                hosted[worker] = result
-        return hosted
+        # colocated: the export holds the weights in host memory, then it is the engines' turn
+        hand_over = (lambda: self._hand_devices_to("rollout")) if self.colocated else None
+        return await self.weight_sync.send(version, hold, self.trainers, self.ranks, hand_over)
 
     async def save(self, path: str) -> None:
+        """The trainer's checkpoint into `path` (trainer_checkpoints.py)."""
         if self.colocated:  # the trainers gather their state on the devices
             await self._hand_devices_to("train")
-        if self.ship_checkpoints:
-            await self._save_through_driver(path)
-        else:
-            await self.ranks.call_all([(r, f"save to {path}", t.save.remote(path))
-                                       for r, t in enumerate(self.trainers)])
+        await trainer_checkpoints.save(
+            self.ranks, self.trainers, path, namespace=self.namespace,
+            ship_from=self.placement["trainer"] if self.ship_checkpoints else None)
         if self.colocated:
             await self._hand_devices_to("rollout")
 
-    async def _save_through_driver(self, path: str) -> None:
-        """Each rank saves on its node's disk; from one rank per node the driver collects the
-        files (through the object store) and writes them into `path`, which the caller then
-        renames into place (checkpoints.write); the nodes' copies are removed."""
-        name = f"{self.namespace}-{uuid.uuid4().hex[:8]}"
-        ranks = list(enumerate(self.trainers))
-        local = await self.ranks.call_all([(r, "save on its node", t.save_on_node.remote(name))
-                                           for r, t in ranks])
-        nodes = self.placement["trainer"]  # the ranks' nodes, asked once at start
-        first_on_node = {node: rank for rank, node in reversed(list(enumerate(nodes)))}
-        try:
-            shipments = await self.ranks.call_all([
-                (r, f"checkpoint files ({nodes[r]})", self.trainers[r].collect.remote(local[r]))
-                for r in sorted(first_on_node.values())])
-            for shipment in shipments:  # blocking reads of the object store: off the loop
-                await asyncio.to_thread(shipment.write_into, path)
-        finally:
-            await self.ranks.call_all([(r, "discard its node's copy",
-                                        self.trainers[r].discard.remote(local[r]))
-                                       for r in sorted(first_on_node.values())])
-
     async def load(self, path: str) -> None:
-        """Every trainer rank loads a checkpoint `save` wrote (weights, optimizer, RNG); the
-        rollout workers get the weights with the next `sync_weights`. On a cluster without a
-        shared run directory the checkpoint's files go to the ranks through the object store."""
+        """Every trainer rank loads a checkpoint `save` wrote (trainer_checkpoints.py); the
+        rollout workers get the weights with the next `sync_weights`."""
         if self.colocated:  # as in `save`: the trainers' state is on the devices meanwhile
             await self._hand_devices_to("train")
-        checkpoint = await asyncio.to_thread(DirectoryShipment.from_path, path) \
-            if self.ship_checkpoints else path
-        await self.ranks.call_all([(r, f"load from {path}", t.load.remote(checkpoint))
-                                   for r, t in enumerate(self.trainers)])
-        self.trainer_version = (await self.ranks.call_all(
-            [(0, "version", self.trainers[0].version.remote())]))[0]
+        self.trainer_version = await trainer_checkpoints.load(
+            self.ranks, self.trainers, path, ship=self.ship_checkpoints)
         if self.colocated:
             await self._hand_devices_to("rollout")
 
