@@ -27,7 +27,7 @@ def _advice(run_dir, every=0):
     """The second half of the CLI's last line after a stop (or a lost worker, a full disk)."""
     from types import SimpleNamespace
 
-    from eddyrl.cli import _how_to_go_on
+    from eddyrl.cli_train import _how_to_go_on
 
     return _how_to_go_on(SimpleNamespace(run_dir=str(run_dir),
                                          checkpoint=SimpleNamespace(every=every)))

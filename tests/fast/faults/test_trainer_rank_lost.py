@@ -47,12 +47,12 @@ def test_the_event_names_rank_node_and_cause():
 
 
 def test_eddy_train_ends_on_it_with_how_to_resume(tmp_path):
-    from eddyrl import cli
+    from eddyrl import cli_train
 
     config = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(every=0))
     lost = TrainerRankLost(1, "train_step", ACTOR_DIED, REASON, node="127.0.0.1")
     with pytest.raises(EddyError) as line:
-        cli._raise_as_one_line(lost, config)
+        cli_train._raise_as_one_line(lost, config)
     assert str(line.value).startswith(f"{lost}; no checkpoint was written yet"), line.value
 
 
