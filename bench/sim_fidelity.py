@@ -102,8 +102,7 @@ ROWS: tuple[Row, ...] = (
         _verl_size(64)),
     # AReaL's synchronous vs asynchronous table (R1-Distill-Qwen-1.5B, 16 nodes of 8 H800)
     Row("areal_1p5b_128", "sync", "areal_1p5b_128", "sync", 41.0 * 3600 / 1000, AREAL,
-        ("sim.rollout.devices=64", "sim.train.devices=64",
-         "sim.workload.max_response_tokens=27648"), baseline=True),
+        ("sim.rollout.devices=64", "sim.train.devices=64"), baseline=True),
     Row("areal_1p5b_128", "async", "areal_1p5b_128", "async", 14.8 * 3600 / 1000, AREAL),
 )
 

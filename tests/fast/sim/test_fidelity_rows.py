@@ -119,3 +119,13 @@ def test_the_scaling_report_puts_scales_side_by_side_with_ratios_to_1x():
     assert ("| t/async | partial | 24:8, 300.0 (200.0) | 48:16, 200.0 (100.0) | "
             "96:32, 150.0 (50.0) | 1.50 | 0.75 |") in out
     assert "step 0.5x / 1x" in out and "step 2x / 1x" in out
+
+
+def test_both_rows_of_areal_s_table_generate_at_the_blogs_length():
+    """One source for one table: AReaL's blog gives max_new_tokens=8192 for its 1.5B runs
+    (configs/sim/areal_1p5b_128.yaml); no row of its table overrides it."""
+    rows = [row for row in fidelity.ROWS if row.scenario == "areal_1p5b_128"]
+    assert len(rows) == 2
+    for row in rows:
+        config = policy_config(row.scenario, list(row.overrides), row.policy)
+        assert config.sim.workload.max_response_tokens == 8192, row.id
