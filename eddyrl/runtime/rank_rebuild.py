@@ -89,9 +89,7 @@ class RankRebuild:
         `world`, and load this rank's shard of the plan's version."""
         import ray
 
-        self._leave()
-        self.rank, self.world = rank, world
-        self.start(rendezvous, snapshot=False)
+        self._move_to(rendezvous, rank, world)
         copy = reshard(plan.shapes, lambda old: ray.get(plan.pieces[old]), world, rank,
                        plan.rng_from, plan.version)
         self.engine.restore_shard(copy)
@@ -105,15 +103,20 @@ class RankRebuild:
         came in the trainer's own dtypes (rank 0's answer; True on the others)."""
         import ray
 
-        self._leave()
-        self.rank, self.world = rank, world
-        self.start(rendezvous, snapshot=False)
+        self._move_to(rendezvous, rank, world)
         if plan.checkpoint is not None:
             self.load(plan.checkpoint)
         weights = ray.get(plan.weights[0]) if rank == 0 else {}
         exact = self.engine.load_full_weights(weights, plan.version)
         del weights
         return exact
+
+    def _move_to(self, rendezvous: str, rank: int, world: int) -> None:
+        """Leave the old group (if this rank was in it) and build a fresh engine as `rank` of
+        `world` in the new one, its state still the model files': the caller loads it."""
+        self._leave()
+        self.rank, self.world = rank, world
+        self.start(rendezvous, snapshot=False)
 
     def _leave(self) -> None:
         engine = getattr(self, "engine", None)

@@ -290,6 +290,17 @@ def instance_tps(config: EddyConfig) -> list[int]:
     return tps
 
 
+def scenario_trainer(config: EddyConfig, cost: CostModel | None = None) -> SimTrainer:
+    """The simulated trainer of `config`'s scenario, as `build` makes it: its groups, FSDP
+    shard and log-prob passes (`cost`: the training side's, made here when not given)."""
+    sim = config.sim
+    if cost is None:
+        cost = CostModel(sim.train.accelerator, sim.model, sim.efficiency_factors(),
+                         tp=sim.train.tp)
+    return SimTrainer.from_config(config, cost, sim.train.groups, shard=sim.train.fsdp_size,
+                                  rollout_logprobs=sim.train.rollout_logprobs)
+
+
 def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: None,
           timeline: Timeline | None = None) -> tuple[Controller, SimRuntime]:
     """The controller and runtime of a simulated run of `config`."""
@@ -324,9 +335,7 @@ def build(config: EddyConfig, log: Callable[[dict[str, Any]], None] = lambda m: 
     colocated = config.cluster.placement == "colocated"
     devices = Devices(tuple(tps), sim.train.devices, colocated,
                       switch_seconds(config, rollout_cost) if colocated else 0.0)
-    trainer = SimTrainer.from_config(config, train_cost, sim.train.groups,
-                                     shard=sim.train.fsdp_size,
-                                     rollout_logprobs=sim.train.rollout_logprobs)
+    trainer = scenario_trainer(config, train_cost)
     runtime = SimRuntime(engines, trainer, sync_s, timeline,
                          move_s=move_s, replica_groups=sim.rollout.tp / sim.train.tp,
                          devices=devices,

@@ -375,13 +375,10 @@ class HFInferenceEngine(InferenceEngine):
             if self._base or (staged is not None and low_rank.targets(staged)):
                 raise WeightsNotHeld("it holds LoRA factors merged onto its weights; the "
                                      "adapter itself is not among them")
-            weights = {name: t.detach().to("cpu", copy=True)
-                       for name, t in self.model.state_dict().items()}
-            if staged is not None:
-                weights.update({name: t.detach().to("cpu", copy=True)
-                                for name, t in staged.items()})
-                return self._gate.staged, weights
-            return self._gate.hosted, weights
+            newest = staged or {}  # a weight staged is copied from there, not from the model
+            weights = {name: t.detach().to("cpu", copy=True) for name, t in
+                       {**self.model.state_dict(), **newest}.items()}
+            return (self._gate.staged if staged is not None else self._gate.hosted), weights
 
     async def sleep(self) -> None:
         with self._lock:

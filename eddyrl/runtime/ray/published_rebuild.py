@@ -84,21 +84,18 @@ async def _published_weights(runtime: RayRuntime, version: int) -> tuple[Any, in
 
 
 def _checkpoint(runtime: RayRuntime, version: int) -> tuple[Path | None, int]:
-    """The newest verified checkpoint of the run of a version no later than `version`."""
-    root = Path(runtime.work_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return None, -1
-    for path in sorted(checkpoints.step_dirs(root), key=checkpoints.step_of, reverse=True):
+    """The newest checkpoint of the run that verifies (`checkpoints.latest`, which names each
+    one it passes over) and holds trainer state of a version no later than `version`."""
+    root = Path(runtime.work_dir) / CHECKPOINTS  # absent: none yet (`latest` finds none)
+
+    def usable(path: Path) -> None:
         saved = saved_version(path)
         if saved is None or saved > version:
-            continue
-        try:
-            checkpoints.verify(path)
-        except checkpoints.CheckpointError as exc:
-            log.warning(f"{exc}; an earlier checkpoint's optimizer is used")
-            continue
-        return path, saved
-    return None, -1
+            raise checkpoints.CheckpointError(
+                f"checkpoint '{path}' holds no trainer state of version {version} or before")
+
+    path, _ = checkpoints.latest(root, usable)
+    return (path, saved_version(path)) if path is not None else (None, -1)
 
 
 def saved_version(path: Path) -> int | None:

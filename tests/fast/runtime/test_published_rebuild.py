@@ -89,7 +89,8 @@ def test_the_optimizer_comes_from_the_newest_verified_checkpoint_not_past_the_ve
     plan, recorded = asyncio.run(published_rebuild.published_plan(runtime, LOST, 5))
     assert plan.checkpoint == str(root / "step_000003")
     assert recorded["trainer_optimizer_version"] == 3.0
-    assert "an earlier checkpoint's optimizer is used" in caplog.text  # step 4's, named
+    assert f"checkpoint '{corrupt}'" in caplog.text  # step 4's, named and passed over
+    assert "falling back to an earlier checkpoint" in caplog.text
 
 
 def test_a_checkpoint_without_trainer_state_is_passed_over(tmp_path):

@@ -11,8 +11,8 @@ and 1 where it runs 0 (sync)."""
 from dataclasses import replace
 
 from eddyrl.core.update_passes import OLD, PROXIMAL, ForwardPass
-from eddyrl.scheduler.cost_model import CostModel
 from eddyrl.sim.policies import policy_config
+from eddyrl.sim.runtime import scenario_trainer
 from eddyrl.sim.trainer import SimBatch, SimTrainer
 
 SCENARIO = "areal_1p5b_128"
@@ -20,11 +20,7 @@ SYNC_ROW = ["sim.rollout.devices=64", "sim.train.devices=64"]  # bench/sim_fidel
 
 
 def _trainer(policy: str, overrides: list[str] = ()) -> SimTrainer:
-    config = policy_config(SCENARIO, list(overrides), policy)
-    sim = config.sim
-    cost = CostModel(sim.train.accelerator, sim.model, sim.efficiency_factors(), tp=sim.train.tp)
-    return SimTrainer.from_config(config, cost, sim.train.groups, shard=sim.train.fsdp_size,
-                                  rollout_logprobs=sim.train.rollout_logprobs)
+    return scenario_trainer(policy_config(SCENARIO, list(overrides), policy))
 
 
 def test_async_runs_one_proximal_pass_per_mini_batch_and_no_old_pass():

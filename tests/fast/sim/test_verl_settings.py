@@ -16,8 +16,8 @@ always recomputes the old log-probs; its fully-async trainer copies the rollout'
 import pytest
 
 from eddyrl.core.update_passes import OLD
-from eddyrl.scheduler.cost_model import CostModel
 from eddyrl.sim.policies import policy_config
+from eddyrl.sim.runtime import scenario_trainer
 from eddyrl.sim.trainer import SimBatch, SimTrainer
 
 SCENARIO = "verl_7b_64"
@@ -30,11 +30,7 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:window\.max_staleness = .* loop
 
 
 def _trainer(policy: str, overrides: list[str] = ()) -> SimTrainer:
-    config = policy_config(SCENARIO, list(overrides), policy)
-    sim = config.sim
-    cost = CostModel(sim.train.accelerator, sim.model, sim.efficiency_factors(), tp=sim.train.tp)
-    return SimTrainer.from_config(config, cost, sim.train.groups, shard=sim.train.fsdp_size,
-                                  rollout_logprobs=sim.train.rollout_logprobs)
+    return scenario_trainer(policy_config(SCENARIO, list(overrides), policy))
 
 
 @pytest.mark.parametrize("size", sorted(SIZES))
