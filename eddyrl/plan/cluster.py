@@ -153,15 +153,18 @@ def _shape_name(config: SimRunConfig) -> str | None:
     return known.get(config.sim.model.lower())
 
 
-# A scenario describes the cluster, not the real run's memory settings, whose built-in
-# defaults are the tiny CPU run's (fp32, no checkpointing, an exact KV cache). Where neither the
-# scenario nor the command sets one, the plan takes the GPU recipes' (configs/recipes/
-# qwen3_4b_dapo_math_gpu.yaml): vLLM in bf16 on 90 % of the device, bf16 training with
-# selective checkpointing, micro-batches of at most 24,576 tokens (or one longest sequence).
+# The settings the simulator's cost model assumes and does not read from the run's config: vLLM
+# in bf16 on 90 % of the device (sim/sequence.py default_kv_capacity), bf16 training (the
+# cost model's dense BF16 peak). The run's built-in defaults are the tiny CPU run's (fp32, an
+# exact KV cache), so where neither the scenario nor the command sets one the plan takes these.
+# The trainer's checkpointing and micro-batches are not among them: the simulator times the
+# scenario's own (sim/trainer.py), and the plan plans what it timed.
 CLUSTER_MEMORY: tuple[tuple[str, Any], ...] = (
     ("rollout.engine", "vllm"), ("rollout.dtype", "bf16"), ("rollout.memory_fraction", 0.9),
-    ("train.param_dtype", "bf16"), ("train.activation_checkpointing", "selective"),
-    ("train.micro_batch_size", 8), ("train.max_tokens_per_micro_batch", 24576))
+    ("train.param_dtype", "bf16"))
+# Shown beside them: the trainer's settings the step time was simulated with.
+TRAINER_SETTINGS = ("train.activation_checkpointing", "train.micro_batch_size",
+                    "train.max_tokens_per_micro_batch")
 
 
 def _get(config: Any, key: str) -> Any:
@@ -172,26 +175,25 @@ def _get(config: Any, key: str) -> Any:
 
 def memory_fit(config: SimRunConfig) -> dict[str, Any]:
     """The memory plan of a candidate's run on the scenario's devices, or why there is none:
-    the plan needs the model's shape (a shipped one by `sim.model`'s name, or `model.shape`)
-    and models one device per rollout engine and FSDP training (no tensor parallelism)."""
+    the plan needs the model's shape (a shipped one by `sim.model`'s name, or `model.shape`).
+    The roles split the model as the scenario's system does (`memory_plan.Parallelism`):
+    rollout instances of their tensor-parallel width, the trainer's groups of `sim.train.tp`
+    devices planned as Ulysses sequence parallelism under FSDP over `sim.train.fsdp_size` (all
+    the trainer's devices when 0). The engine's context is the scenario's longest sequence even
+    where the model's config.json has fewer positions (verl raises Qwen2.5-Math-7B's 4096 to
+    32768 in its recipe's override_config)."""
+    from collections import Counter
+
     from ..models.config import shape_file
-    from .memory_plan import device_memory, plan_inputs, plan_memory, with_setting
+    from ..sim.config import SimRunConfig
+    from ..sim.runtime import instance_tps
+    from .memory_plan import Parallelism, device_memory, plan_inputs, plan_memory, with_setting
 
     sim = config.sim
     shape = _shape_name(config)
     if shape is None:
         return {"planned": False, "reason": f"no shipped shape for sim.model {sim.model!r}; "
                 "set model.shape to its config.json"}
-    from ..sim.runtime import instance_tps
-
-    wide = [tp for tp in instance_tps(config) if tp > 1]
-    if wide or sim.train.tp > 1:
-        role = f"rollout instances of tp {max(wide)}" if wide else \
-            f"training groups of tp {sim.train.tp}"
-        return {"planned": False, "reason": f"{role}: the memory plan models one device per "
-                "rollout engine and FSDP training, no tensor parallelism"}
-    from ..sim.config import SimRunConfig
-
     run, defaults = config, SimRunConfig()
     for key, value in CLUSTER_MEMORY:
         if _get(config, key) == _get(defaults, key):
@@ -201,19 +203,31 @@ def memory_fit(config: SimRunConfig) -> dict[str, Any]:
                        ("data.max_prompt_tokens", sim.workload.prompt_tokens),
                        ("rollout.max_batch_size", sim.rollout.max_batch_size),
                        ("rollout.num_workers", sim.rollout.groups),
-                       ("train.num_workers", sim.train.fsdp_size or sim.train.devices)):
+                       ("train.num_workers", sim.train.devices)):
         run = with_setting(run, key, value)
     inputs = plan_inputs(run, sim.train.accelerator)
+    longest = run.longest_sequence()
+    positions = int(inputs.model_config.get("max_position_embeddings") or longest)
+    parallel = Parallelism(rollout=tuple(sorted(Counter(instance_tps(config)).items())),
+                           train_sp=sim.train.tp, train_shard=sim.train.fsdp_size)
     inputs = replace(inputs, memories={"train": inputs.memories["train"],
-                                       "rollout": device_memory(None, sim.rollout.accelerator)})
+                                       "rollout": device_memory(None, sim.rollout.accelerator)},
+                     model_config={**inputs.model_config,
+                                   "max_position_embeddings": max(positions, longest)},
+                     parallel=parallel)
     plan = plan_memory(run, inputs=inputs)
     return {"planned": True, "fits": plan.fits, "shape": shape,
+            "context": {"longest": longest, "model_positions": positions},
+            "parallel": {"rollout_tp": [tp for tp, _ in parallel.rollout],
+                         "train_sequence_parallel": parallel.train_sp,
+                         "train_fsdp_group": parallel.train_shard or sim.train.devices},
             "devices": [{"devices": d.label, "count": d.count, "peak_gib": d.peak / GIB,
                          "memory_gib": d.memory.bytes / GIB, "fits": d.fits,
                          **{k: r.details[k] for r in d.roles for k in ("concurrent_sequences",)
                             if k in r.details}}
                         for d in plan.devices],
-            "settings": {key: _get(run, key) for key, _ in CLUSTER_MEMORY},
+            "settings": {key: _get(run, key)
+                         for key in (*(k for k, _ in CLUSTER_MEMORY), *TRAINER_SETTINGS)},
             "fixes": [fix.override for fix in plan.fixes]}
 
 

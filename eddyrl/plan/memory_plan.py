@@ -12,6 +12,12 @@ colocated, rollout worker i and trainer rank i take turns on one device (the tra
 goes to host memory while the engine generates, the engine sleeps while the trainer trains),
 so the device's peak is the larger of the two; on a platform whose "device" is the host (no
 Ray resource: the CPU), every process of the run shares the host's memory, so the peaks add.
+
+How a role splits the model over devices (`Parallelism`): Eddy's own runs use one device per
+rollout engine and per trainer rank; a cluster the plan speaks of for the simulator
+(`plan/cluster.py`) may run wider rollout instances (tensor parallelism) and trainers whose
+micro-batches are split over a group (Ulysses sequence parallelism) under an FSDP group of its
+own size (HSDP).
 """
 
 from __future__ import annotations
@@ -95,6 +101,19 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
+class Parallelism:
+    """How each role splits the model over devices (module docstring); the default is Eddy's
+    own: one device per rollout engine and per trainer rank, FSDP over all the ranks."""
+
+    rollout: tuple[tuple[int, int], ...] = ()  # (tensor parallel, instances); (): one each
+    train_sp: int = 1  # Ulysses sequence parallel degree of the trainer
+    train_shard: int = 0  # FSDP group in devices (verl's fsdp_size); 0: every trainer rank
+
+    def rollout_widths(self, config: EddyConfig) -> tuple[tuple[int, int], ...]:
+        return self.rollout or ((1, config.rollout.num_workers),)
+
+
+@dataclass(frozen=True)
 class Fix:
     """One setting changed (on top of the fixes before it) and the role's peak after it."""
 
@@ -166,25 +185,33 @@ def longest_sequence(config: EddyConfig) -> int:
     return config.longest_sequence()
 
 
-def training_options(config: EddyConfig, attention: str, foreach: bool = True) -> Any:
+def training_options(config: EddyConfig, attention: str, foreach: bool = True,
+                     parallel: Parallelism = Parallelism()) -> Any:
     """The trainer's `TrainingOptions` from the config: the largest micro-batch is
     `micro_batch_size` rows of the longest sequence, or the token budget when one is set (a
-    row longer than the budget still goes alone); gradients accumulate when a rank's share of
-    an optimizer step is more rows than one micro-batch. `foreach`: the optimizer's foreach
-    implementation (torch's default on accelerators; the host runs it per tensor)."""
+    row longer than the budget still goes alone); gradients accumulate when a data-parallel
+    group's share of an optimizer step is more rows than one micro-batch. `foreach`: the
+    optimizer's foreach implementation (torch's default on accelerators; the host runs it per
+    tensor). Under `parallel.train_sp` a micro-batch and its budget are a group's, its tokens
+    split over the group's devices."""
     from .training_memory import TrainingOptions
 
     train, longest = config.train, longest_sequence(config)
+    sp = parallel.train_sp
+    if train.num_workers % sp:
+        raise ConfigError(f"train.num_workers = {train.num_workers} is not a multiple of the "
+                          f"sequence-parallel degree {sp}")
     rows, tokens = train.micro_batch_size, train.micro_batch_size * longest
     if train.max_tokens_per_micro_batch:
         tokens = max(longest, min(train.max_tokens_per_micro_batch, tokens))
         rows = max(1, min(rows, tokens // longest))
     step_rows = config.loop.batch_prompts * config.rollout.n_samples / (
-        train.mini_batches * train.num_workers)
+        train.mini_batches * (train.num_workers // sp))
     return TrainingOptions(
         gradient_accumulation=step_rows > rows, foreach_optimizer=foreach,
         lora_dropout=bool(train.lora.rank and train.lora.dropout > 0),
-        world_size=train.num_workers, param_dtype=train.param_dtype,
+        world_size=parallel.train_shard or train.num_workers, sequence_parallel=sp,
+        param_dtype=train.param_dtype,
         buddy_replication=train.buddy_replication,
         tokens_per_micro_batch=tokens, rows_per_micro_batch=rows,
         activation_checkpointing=train.activation_checkpointing,
@@ -216,12 +243,12 @@ def attention_kind(config: EddyConfig, platform: Platform | None) -> str:
 
 
 def train_role(config: EddyConfig, shape: ModelShape, attention: str,
-               on_host: bool = False) -> RolePlan:
+               on_host: bool = False, parallel: Parallelism = Parallelism()) -> RolePlan:
     """`on_host`: the trainer's device is the host itself (the CPU platform), where the
     accelerators' optimizer runs per tensor and what offload moves stays in the same memory."""
     from .training_memory import training_memory
 
-    options = training_options(config, attention, foreach=not on_host)
+    options = training_options(config, attention, foreach=not on_host, parallel=parallel)
     memory = training_memory(shape, options)
     terms = {k: v for k, v in memory.as_dict().items()
              if isinstance(v, int) and k not in ("host", "buddy", "peak")}
@@ -235,23 +262,26 @@ def train_role(config: EddyConfig, shape: ModelShape, attention: str,
     return RolePlan("train", terms, peak,
                     {"tokens_per_micro_batch": options.tokens_per_micro_batch,
                      "rows_per_micro_batch": options.rows_per_micro_batch,
+                     "sequence_parallel": options.sequence_parallel,
+                     "fsdp_group": options.world_size,
                      "host_bytes": int(memory.host), "buddy_bytes": int(memory.buddy),
                      "attention": attention,
                      "moment": getattr(memory, "moment", "")})
 
 
 def rollout_role(config: EddyConfig, shape: ModelShape, model_config: dict,
-                 memory: DeviceMemory) -> RolePlan:
+                 memory: DeviceMemory, tensor_parallel: int = 1) -> RolePlan:
     """The engine as the runtime starts it (`EddyConfig.rollout_engine_options`): in
     `rollout.dtype`, with the run's longest sequence as its context (within the model's
-    positions), its KV cache sized exactly or as `rollout.memory_fraction` of `memory`."""
+    positions), its KV cache sized exactly or as `rollout.memory_fraction` of `memory`; one
+    device of a `tensor_parallel`-wide instance."""
     rollout, longest = config.rollout, longest_sequence(config)
     options = RolloutOptions(
         engine=rollout.engine, max_batch_size=rollout.max_batch_size, longest=longest,
         prompt_tokens=config.data.max_prompt_tokens,
         max_model_len=min(longest, int(model_config.get("max_position_embeddings") or longest)),
         dtype=rollout.dtype, memory_fraction=rollout.memory_fraction,
-        device_bytes=memory.ceiling)
+        device_bytes=memory.ceiling, tensor_parallel=tensor_parallel)
     planned = rollout_memory(shape, options)
     refused = ""
     if planned.short:
@@ -264,6 +294,7 @@ def rollout_role(config: EddyConfig, shape: ModelShape, model_config: dict,
                      "concurrent_sequences": planned.concurrent_sequences,
                      "longest": options.longest, "max_batch_size": options.max_batch_size,
                      "max_model_len": options.max_model_len, "engine": options.engine,
+                     "tensor_parallel": tensor_parallel,
                      "dtype": options.dtype, "memory_fraction": options.memory_fraction},
                     refused)
 
@@ -278,6 +309,7 @@ class PlanInputs:
     model_config: dict
     memories: dict[str, DeviceMemory]
     platforms: dict[str, Any]
+    parallel: Parallelism = Parallelism()
 
 
 def plan_inputs(config: EddyConfig, device: str | None = None) -> PlanInputs:
@@ -294,20 +326,28 @@ def plan_inputs(config: EddyConfig, device: str | None = None) -> PlanInputs:
 
 
 def _devices(config: EddyConfig, inputs: PlanInputs) -> tuple[DevicePlan, ...]:
+    parallel = inputs.parallel
     train = train_role(config, inputs.shape, attention_kind(config, inputs.platforms["train"]),
-                       on_host=inputs.memories["train"].host)
-    rollout = rollout_role(config, inputs.shape, inputs.model_config,
-                           inputs.memories["rollout"])
+                       on_host=inputs.memories["train"].host, parallel=parallel)
+    widths = parallel.rollout_widths(config)
+    rollouts = [(tp, instances, rollout_role(config, inputs.shape, inputs.model_config,
+                                             inputs.memories["rollout"], tensor_parallel=tp))
+                for tp, instances in widths]
+    rollout = max((r for _, _, r in rollouts), key=lambda r: r.peak)
     counts = {"train": config.train.num_workers, "rollout": config.rollout.num_workers}
     if inputs.memories["train"].host and inputs.memories["rollout"].host:
         return (DevicePlan("host (every process)", 1, inputs.memories["train"],
                            (train, rollout), "shared", counts),)
-    if config.cluster.placement == "colocated":
+    if config.cluster.placement == "colocated":  # the widest-holding instance on every device
         return (DevicePlan("train + rollout (colocated)", counts["train"],
                            inputs.memories["train"], (train, rollout), "turns",
                            {"train": 1, "rollout": 1}),)
-    return tuple(DevicePlan(role, counts[role], inputs.memories[role], (plan,), "own",
-                            {role: 1}) for role, plan in (("train", train), ("rollout", rollout)))
+    label = "rollout" if widths == ((1, counts["rollout"]),) else None
+    return (DevicePlan("train", counts["train"], inputs.memories["train"], (train,), "own",
+                       {"train": 1}),
+            *(DevicePlan(label or f"rollout (tp {tp})", tp * instances,
+                         inputs.memories["rollout"], (plan,), "own", {"rollout": 1})
+              for tp, instances, plan in rollouts))
 
 
 def plan_memory(config: EddyConfig, device: str | None = None,

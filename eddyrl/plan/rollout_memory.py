@@ -25,6 +25,16 @@ intermediate tensors over a scheduler step's tokens (`STEP_TOKENS` for vLLM, the
 batch for hf), and the sampler's float32 logits (and their softmax) over the vocabulary for
 every sequence of the batch. Not modelled: the device runtime's own context and the collective
 library's buffers (a few hundred MB; the plan's reserve covers them).
+
+Tensor parallelism (`tensor_parallel` > 1: one engine instance over that many devices, as the
+simulator's scenarios run vLLM; Eddy's own engines use one device each): what one device of the
+instance holds, as vLLM partitions a decoder (vllm/model_executor/layers/linear.py and
+vocab_parallel_embedding.py; vllm/model_executor/models/qwen2.py and qwen3.py): every linear,
+the embeddings and the LM head split over the devices, the norms whole on each; each device
+computes and caches the K and V of its own `max(1, kv_heads // tp)` KV heads (vLLM replicates
+a KV head, and its k and v projections, where tp exceeds their number), so the pool's tokens
+are the instance's; the workspace's per-head and MLP widths split, the hidden-wide tensors
+whole, and the logits gathered whole over the vocabulary.
 """
 
 from __future__ import annotations
@@ -53,6 +63,11 @@ class RolloutOptions:
     dtype: str = VLLM_DTYPE
     memory_fraction: float = 0.0  # vllm: 0 sizes the KV cache exactly; else a device share
     device_bytes: int = 0  # the device's whole memory (what memory_fraction is a share of)
+    tensor_parallel: int = 1  # devices of one engine instance (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel = {self.tensor_parallel!r}: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -79,17 +94,48 @@ class RolloutMemory:
         return {**asdict(self), "peak": self.peak}
 
 
-def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
-    """K and V of every layer for one token."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes
+def kv_heads_per_device(shape: ModelShape, tp: int = 1) -> int:
+    """The KV heads one device of a tp-wide instance caches (vLLM: max(1, kv_heads // tp))."""
+    return max(1, shape.kv_heads // tp)
 
 
-def _layer_width(shape: ModelShape) -> int:
-    """Elements per token of one decoder layer's intermediates alive at once: q, k, v, the
-    attention output, and the MLP's gate, up and their product (the routed experts' for MoE)."""
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+    """K and V of every layer for one token, on one device of a tp-wide instance."""
+    return 2 * shape.layers * kv_heads_per_device(shape, tp) * shape.head_dim * dtype_bytes
+
+
+def replicated_parameters(shape: ModelShape) -> int:
+    """The parameters every device of a tensor-parallel instance holds whole: the norms (two
+    per layer, the final one, Qwen3's per-head q/k norms)."""
+    per_layer = 2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0)
+    return shape.layers * per_layer + shape.hidden
+
+
+def kv_projection_parameters(shape: ModelShape, kv_heads: int) -> int:
+    """The k and v projections (weights, and biases where the family has them) of every layer
+    for `kv_heads` heads."""
+    per_head = shape.head_dim * (shape.hidden + (1 if shape.qkv_bias else 0))
+    return shape.layers * 2 * kv_heads * per_head
+
+
+def weight_parameters_per_device(shape: ModelShape, tp: int = 1) -> int:
+    """Parameters on one device of a tp-wide instance: the split ones' share, the norms whole,
+    and the k and v projections of the device's own KV heads (replicated where tp exceeds
+    their number)."""
+    whole = replicated_parameters(shape)
+    kv = kv_projection_parameters(shape, shape.kv_heads)
+    split = shape.parameters() - whole - kv
+    return -(-split // tp) + whole + kv_projection_parameters(shape, kv_heads_per_device(shape, tp))
+
+
+def _layer_width(shape: ModelShape, tp: int = 1) -> int:
+    """Elements per token of one decoder layer's intermediates alive at once on one device: q,
+    k, v, the attention output, and the MLP's gate, up and their product (the routed experts'
+    for MoE), the per-head and MLP widths split over a tp-wide instance."""
     mlp = shape.moe_intermediate * shape.experts_per_token if shape.num_experts \
         else shape.intermediate
-    return (shape.heads + 2 * shape.kv_heads) * shape.head_dim + 2 * shape.hidden + 3 * mlp
+    heads = -(-shape.heads // tp) + 2 * kv_heads_per_device(shape, tp)
+    return heads * shape.head_dim + 2 * shape.hidden + 3 * -(-mlp // tp)
 
 
 def _blocks(tokens: int) -> int:
@@ -98,9 +144,9 @@ def _blocks(tokens: int) -> int:
 
 
 def rollout_memory(shape: ModelShape, options: RolloutOptions) -> RolloutMemory:
-    size = DTYPE_BYTES[options.dtype]
-    per_token = kv_bytes_per_token(shape, size)
-    weights = shape.parameters() * size
+    size, tp = DTYPE_BYTES[options.dtype], options.tensor_parallel
+    per_token = kv_bytes_per_token(shape, size, tp)
+    weights = weight_parameters_per_device(shape, tp) * size
     pooled = options.engine != "hf" and options.memory_fraction > 0
     if options.engine == "hf":
         kv_tokens = options.max_batch_size * options.longest
@@ -109,7 +155,7 @@ def rollout_memory(shape: ModelShape, options: RolloutOptions) -> RolloutMemory:
         kv_tokens = options.max_batch_size * _blocks(options.max_model_len)
         step_tokens = STEP_TOKENS
     logits = 2 * options.max_batch_size * shape.vocab * 4  # float32 logits and their softmax
-    workspace = step_tokens * _layer_width(shape) * size + logits
+    workspace = step_tokens * _layer_width(shape, tp) * size + logits
     short = 0
     if pooled:  # what the share leaves after the weights and workspace, in whole blocks
         share = int(options.memory_fraction * options.device_bytes)

@@ -51,6 +51,15 @@ moments twice in host memory, its staging buffer and its ward's copy (`buddy`, c
 `lora_targets`): the base weights stay, frozen: no gradients, no moments; the adapters
 (r x (in + out) per adapted linear) train.
 
+Sequence parallelism (`sequence_parallel` > 1, DeepSpeed-Ulysses as verl runs it: the planned
+trainers of the simulator's scenarios; Eddy's own trainer runs none): a micro-batch's tokens
+are split over the group's devices, so each device holds the activations, the LM head's chunk
+buffers and the hidden states' gradient of its `tokens / sp`, and around the attention the
+all-to-alls' buffers: q, k, v and the attention output of the device's tokens, re-laid out over
+the full sequence and a share of the heads, input and output alive together in the layer's
+backward. The weights, gradients and moments are sharded over `world_size`, the FSDP group
+(verl's fsdp_size; all the trainer's devices by default), whatever the sequence split.
+
 The dense packing mask (`attention: mask`): one bool [S, S] per packed row, alive for the
 forward and the backward (the attention kernel keeps it). `eager` attention builds an additive
 mask in the compute dtype instead, and keeps the [heads, S, S] probabilities
@@ -88,6 +97,7 @@ class TrainingOptions:
     gradient_accumulation: bool = True  # more than one micro-batch a step
     foreach_optimizer: bool = True  # torch's AdamW: foreach on accelerators, per tensor on CPU
     buddy_replication: bool = False  # each rank's shard copied to a peer's host memory
+    sequence_parallel: int = 1  # devices a micro-batch's tokens are split over (Ulysses)
 
     def __post_init__(self) -> None:
         checks = (("param_dtype", self.param_dtype, tuple(DTYPE_BYTES)),
@@ -97,7 +107,8 @@ class TrainingOptions:
         for key, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"{key} = {value!r}: must be one of {list(allowed)}")
-        for key in ("tokens_per_micro_batch", "world_size", "rows_per_micro_batch"):
+        for key in ("tokens_per_micro_batch", "world_size", "rows_per_micro_batch",
+                    "sequence_parallel"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} = {getattr(self, key)!r}: must be >= 1")
         for key in ("logprob_chunk_tokens", "lora_rank"):
@@ -165,8 +176,9 @@ def training_memory(shape: ModelShape, options: TrainingOptions) -> TrainingMemo
 def memory_moments(shape: ModelShape, o: TrainingOptions) -> dict[str, TrainingMemory]:
     """Every candidate moment of a step (module docstring) with its breakdown."""
     c, w = DTYPE_BYTES[o.param_dtype], o.world_size
-    tokens, rows = o.tokens_per_micro_batch, o.rows_per_micro_batch
-    sequence = -(-tokens // rows)
+    rows, sp = o.rows_per_micro_batch, o.sequence_parallel
+    sequence = -(-o.tokens_per_micro_batch // rows)  # a packed row's length, whole
+    tokens = -(-o.tokens_per_micro_batch // sp)  # the tokens this device holds
     lora = bool(o.lora_rank)
     train = LayerTraining(o.lora_rank, tuple(o.lora_targets), o.lora_dropout)
     trainable = trainable_parameters(shape, o)
@@ -207,10 +219,12 @@ def memory_moments(shape: ModelShape, o: TrainingOptions) -> dict[str, TrainingM
             shape, c, o.activation_checkpointing)
         recompute = full_layer
     working = backward_working_bytes_per_token(shape, c) * tokens
+    if sp > 1:  # the all-to-alls' input and output of q, k, v and the attention output
+        working += 2 * (2 * shape.q_width + 2 * shape.kv_width) * c * tokens
     # root-level saved tensors: cos/sin [tokens, head_dim] (c), the final norm (fp32 input,
     # normalised copy when its weight trains), and the head's input, gathered per position (c)
     root_saved = tokens * (2 * shape.head_dim * c + shape.hidden * (FP32 + c + c) + 4 * FP32)
-    mask = 0
+    mask = 0  # over whole rows: under Ulysses each device attends over the full sequence
     if o.attention == "mask":
         mask = rows * sequence * sequence  # bool
     elif o.attention == "eager":

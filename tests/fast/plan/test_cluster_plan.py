@@ -154,8 +154,23 @@ def test_memory_fit_plans_a_shipped_shape_and_says_why_not_otherwise():
     assert fit["planned"] and fit["shape"] == "Qwen3-4B"
     assert [d["devices"] for d in fit["devices"]] == ["train", "rollout"]
     assert fit["settings"]["rollout.engine"] == "vllm"
-    fit = memory_fit(candidate_config("dora_64", [], Candidate("sync", 48, 16), 3))
-    assert not fit["planned"] and "Qwen2.5-32B" in fit["reason"]
+    fit = memory_fit(candidate_config("dora_64", ["sim.model=Qwen3-1.7B"],
+                                      Candidate("sync", 48, 16), 3))
+    assert not fit["planned"] and "Qwen3-1.7B" in fit["reason"]
+
+
+def test_memory_fit_splits_the_model_as_the_scenario_does():
+    """dora_64: rollout instances of tp 4 over 48 devices, a trainer of 16 under Ulysses 8 with
+    FSDP over all 16; each device's bytes are a share of the model's."""
+    fit = memory_fit(candidate_config("dora_64", [], Candidate("partial", 48, 16), 3))
+    assert fit["planned"] and fit["shape"] == "Qwen2.5-32B"
+    assert fit["parallel"] == {"rollout_tp": [4], "train_sequence_parallel": 8,
+                               "train_fsdp_group": 16}
+    assert [(d["devices"], d["count"]) for d in fit["devices"]] == [
+        ("train", 16), ("rollout (tp 4)", 48)]
+    # what the simulator timed is what is planned: the scenario's own trainer settings
+    assert fit["settings"]["train.activation_checkpointing"] == "selective"
+    assert fit["settings"]["train.max_tokens_per_micro_batch"] == 121200
 
 
 def test_plan_json_shape_on_a_stub():

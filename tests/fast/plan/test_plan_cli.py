@@ -90,14 +90,32 @@ def test_shipped_shapes_agree_with_the_datasheet():
     from eddyrl.plan.shapes import load_shape
     from eddyrl.scheduler.hardware import MODELS, model_from_hf_config
 
-    assert shipped_shapes() == ["Qwen3-0.6B", "Qwen3-30B-A3B", "Qwen3-4B", "Qwen3-8B"]
+    # the recipes' models, and every simulator scenario's (eddy plan --cluster plans their
+    # memory); the positions as each model card states them
+    positions = {"Qwen3-0.6B": 40960, "Qwen3-30B-A3B": 40960, "Qwen3-4B": 40960,
+                 "Qwen3-8B": 40960, "Qwen3-14B": 40960, "Qwen3-32B": 40960,
+                 "Qwen2.5-7B": 131072, "Qwen2.5-32B": 131072, "Qwen2.5-Math-7B": 4096,
+                 "DeepSeek-R1-Distill-Qwen-1.5B": 131072}
+    assert shipped_shapes() == sorted(positions)
     for name in shipped_shapes():
         config = json.loads((SHAPES / name / "config.json").read_text())
         spec = model_from_hf_config(name, config)
-        if name in MODELS:
+        if name != "Qwen3-0.6B":  # not in the datasheet
             assert spec == MODELS[name]
         assert load_shape(SHAPES / name).parameters() == spec.total_params
-        assert config["max_position_embeddings"] == 40960
+        assert config["max_position_embeddings"] == positions[name]
+
+
+def test_every_scenario_model_has_a_shipped_shape():
+    import yaml
+
+    from eddyrl.config.bundled_configs import bundled_root
+
+    scenarios = sorted((bundled_root() / "sim").glob("*.yaml"))
+    assert scenarios
+    for path in scenarios:
+        model = yaml.safe_load(path.read_text())["sim"]["model"]
+        assert model in shipped_shapes(), f"{path.name}: sim.model {model!r} has no shape"
 
 
 def test_a_shape_name_is_checked_case_aside():
