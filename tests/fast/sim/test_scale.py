@@ -34,8 +34,8 @@ def test_a_row_size_override_is_what_gets_scaled():
 
 
 def test_counts_round_to_whole_groups_of_tp_and_the_shard_group_still_divides():
-    # verl_7b_64: train 32 devices in tp 4, FSDP shard groups of 2; rollout tp 4
-    _, scaled = _scaled("verl_7b_64", 0.3)  # 9.6 devices -> 2 groups of 4 each role
+    # verl_7b_64 with FSDP shard groups of 2: train 32 devices in tp 4; rollout tp 4
+    _, scaled = _scaled("verl_7b_64", 0.3, ["sim.train.fsdp_size=2"])  # 9.6 -> 2 groups of 4
     assert (scaled.sim.rollout.devices, scaled.sim.train.devices) == (8, 8)
     assert scaled.sim.train.fsdp_size == 2
     base = load_scenario("verl_7b_64", ["sim.train.fsdp_size=16"])
