@@ -283,8 +283,13 @@ def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, t
     began = time.perf_counter()
     evaluate = evaluate or SimEvaluator(scenario, overrides, steps, _progress(budget))
     result: SearchResult = search(space, evaluate, budget)
-    choices = []
-    for outcome in result.ranked()[:top]:
+    # The fastest that fit come first: a candidate planned not to fit its devices (fewer
+    # training devices for the same model, say) is listed only after them, when fewer than
+    # `top` fit; one whose memory is not planned keeps its place.
+    choices, unfit = [], []
+    for outcome in result.ranked():
+        if len(choices) >= top:
+            break
         entry = outcome.as_dict()
         try:
             with _short_runs():
@@ -292,7 +297,10 @@ def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, t
             entry["memory"] = memory_fit(run)
         except EddyError as exc:
             entry["memory"] = {"planned": False, "reason": str(exc)}
-        choices.append(entry)
+        fits = entry["memory"].get("fits", True)
+        (choices if fits else unfit).append(entry)
+    faster_unfit = [e for e in unfit if choices and e["samples_per_s"] > choices[0]["samples_per_s"]]
+    choices += unfit[:top - len(choices)]
     return {"scenario": scenario, "overrides": overrides, "model": config.sim.model,
             "devices": {"rollout": f"{space.rollout_devices} {config.sim.rollout.accelerator}",
                         "train": f"{space.train_devices} {config.sim.train.accelerator}"},
@@ -300,7 +308,8 @@ def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, t
             "steps": steps, "budget": budget, "runs": result.runs,
             "wall_s": time.perf_counter() - began,
             "baseline": result.baseline.as_dict() if result.baseline else None,
-            "choices": choices, "evaluated": [o.as_dict() for o in result.outcomes]}
+            "choices": choices, "faster_not_fitting": len(faster_unfit),
+            "evaluated": [o.as_dict() for o in result.outcomes]}
 
 
 def _percent(value: float | None) -> str:
@@ -333,4 +342,7 @@ def format_cluster_plan(plan: dict[str, Any]) -> str:
         if not c["memory"]["planned"] and c["memory"]["reason"] not in notes:
             notes.append(c["memory"]["reason"])
     lines += [f"memory not planned: {note}" for note in notes]
+    if plan.get("faster_not_fitting"):
+        lines.append(f"{plan['faster_not_fitting']} faster candidate(s) are planned not to fit "
+                     "their devices and come after the ones that fit (--json: choices)")
     return "\n".join(lines)

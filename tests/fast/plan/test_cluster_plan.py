@@ -8,7 +8,8 @@ import pytest
 
 from eddyrl.errors import ConfigError
 from eddyrl.modes import MODES as MODE_REGISTRY
-from eddyrl.plan.cluster import _relayout, candidate_config, memory_fit, plan_cluster, space_of
+from eddyrl.plan.cluster import (_relayout, candidate_config, format_cluster_plan, memory_fit,
+                                 plan_cluster, space_of)
 from eddyrl.plan.cluster_search import Candidate, Outcome, Space, search, split_order
 
 MODES = ("sync", "colocated", "one_step", "partial", "bucket")
@@ -201,3 +202,20 @@ def test_the_command_names_a_bad_budget_or_device(capsys):
     assert "--device and --cluster" in capsys.readouterr().err
     assert main(["plan", "--cluster", "no_such_scenario"]) == 2
     assert "no_such_scenario" in capsys.readouterr().err
+
+
+def test_the_fastest_that_fit_come_first():
+    """At a 70,000-token budget Qwen3-4B's trainer fits 4 H100 but not 3: the stub's faster
+    5:3 split is listed after the 4:4 one that fits, and the plan says it did so."""
+    stub = Stub({"partial": 2.0})
+    plan = plan_cluster("reflow_8", ["train.max_tokens_per_micro_batch=70000"], budget=13,
+                        steps=3, top=3, evaluate=stub)
+    assert [c["memory"]["fits"] for c in plan["choices"]] == [True] * 3
+    assert plan["choices"][0]["split"] == "4:4" and plan["faster_not_fitting"] == 2
+    assert "2 faster candidate(s) are planned not to fit" in format_cluster_plan(plan)
+    # when fewer than --top fit, the ones that do not come last, still listed
+    plan = plan_cluster("reflow_8", ["train.max_tokens_per_micro_batch=70000"], budget=13,
+                        steps=3, top=13, evaluate=Stub({"partial": 2.0}))
+    fits = [c["memory"]["fits"] for c in plan["choices"]]
+    assert fits == [True] * 11 + [False] * 2
+    assert {c["split"] for c in plan["choices"][-2:]} == {"5:3"}
