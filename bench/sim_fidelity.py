@@ -150,6 +150,7 @@ def simulate_row(row: Row, steps: int, scale: float = 1.0
     on `scale` times its cluster. The numbers add the split the run had (`split`: rollout :
     train devices, or the devices both roles share) and its steady steps' mean training phase
     (`train_s`: the trainer's step, log-prob passes included)."""
+    from eddyrl.plan.cluster import memory_fit, memory_text
     from eddyrl.sim.policies import policy_config, row as summary_row
     from eddyrl.sim.runtime import simulate
 
@@ -161,6 +162,11 @@ def simulate_row(row: Row, steps: int, scale: float = 1.0
                                               f"loop.steps={steps}"], row.policy)
         summary = simulate(config)
     numbers = summary_row(summary)
+    # whether the simulated cluster's trainer and engines fit their devices (the memory plan
+    # of `eddy plan --cluster`): a prediction for a cluster that cannot run is flagged
+    fit = memory_fit(config)
+    numbers["fits"] = fit["fits"] if fit["planned"] else None
+    numbers["memory"] = memory_text(fit)
     sim = config.sim
     numbers["split"] = (f"{sim.train.devices} shared" if config.cluster.placement == "colocated"
                         else f"{sim.rollout.devices}:{sim.train.devices}")
@@ -211,11 +217,17 @@ def rankings(results: list[Result]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _fits(result: Result) -> str:
+    """yes / NO (the memory plan of the simulated cluster), - where it is not planned."""
+    fits = result.run.get("fits")
+    return "-" if fits is None else ("yes" if fits else "NO")
+
+
 def report(results: list[Result]) -> str:
     speedups = _speedups(results)
     lines = [f"| row | policy | predicted step s | published step s | error | within "
-             f"{TARGET:.0%} | speed-up predicted | speed-up published |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{TARGET:.0%} | speed-up predicted | speed-up published | fits |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for result in results:
         predicted, published = speedups[result.row.id]
         lines.append(
@@ -223,7 +235,8 @@ def report(results: list[Result]) -> str:
             f"{result.row.published_step_s:.1f} | {result.error:+.1%} | "
             f"{'yes' if abs(result.error) <= TARGET else 'NO'} | "
             f"{'-' if predicted is None else f'{predicted:.2f}'} | "
-            f"{'-' if published is None else f'{published:.2f}'} |")
+            f"{'-' if published is None else f'{published:.2f}'} | "
+            f"{_fits(result)} |")
     lines.append("")
     for table, ranking in rankings(results).items():
         lines.append(f"ranking {table}: {'matches' if ranking['matches'] else 'DIFFERS'} "
@@ -258,13 +271,22 @@ def scaling_report(by_scale: dict[float, list[Result]]) -> str:
                                                for s in scales)
              + "".join(f" | step {s:g}x / {reference:g}x" for s in others) + " |",
              "|---|---|" + "---|" * (len(scales) + len(others))]
+    unfit = False
     for index, base in enumerate(by_scale[reference]):
-        cells = [f"{r.run['split']}, {r.predicted_step_s:.1f} ({r.run['train_s']:.1f})"
-                 for r in (by_scale[s][index] for s in scales)]
+        cells = []
+        for result in (by_scale[s][index] for s in scales):
+            cells.append(f"{result.run['split']}, {result.predicted_step_s:.1f} "
+                         f"({result.run['train_s']:.1f})"
+                         + (" ✗" if result.run.get("fits") is False else ""))
+            unfit |= result.run.get("fits") is False
         ratios = [f"{by_scale[s][index].predicted_step_s / base.predicted_step_s:.2f}"
                   for s in others]
         lines.append(f"| {base.row.id} | {base.row.policy} | " + " | ".join(cells)
                      + "".join(f" | {r}" for r in ratios) + " |")
+    if unfit:
+        lines.append("\n✗: the memory plan says this cluster's trainer or rollout engines do "
+                     "not fit their devices at the scenario's settings; the time is of a run "
+                     "that could not start")
     return "\n".join(lines)
 
 

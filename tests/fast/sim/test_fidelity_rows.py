@@ -61,13 +61,15 @@ def test_rows_select_by_pattern_and_refuse_a_pattern_matching_nothing():
 def test_report_works_out_error_speedup_and_ranking():
     rows = [fidelity.Row("t", "sync", "dora_64", "colocated", 100.0, "s", baseline=True),
             fidelity.Row("t", "fast", "dora_64", "partial", 50.0, "s")]
-    results = [fidelity.Result(rows[0], 110.0, 0.0), fidelity.Result(rows[1], 40.0, 0.0)]
+    results = [fidelity.Result(rows[0], 110.0, 0.0, {"fits": True}),
+               fidelity.Result(rows[1], 40.0, 0.0, {"fits": False})]
     assert results[0].error == pytest.approx(0.10) and results[1].error == pytest.approx(-0.20)
     speedups = fidelity._speedups(results)
     assert speedups["t/fast"] == (pytest.approx(110 / 40), pytest.approx(2.0))
     assert fidelity.rankings(results)["t"]["matches"]
     out = fidelity.report(results)
-    assert "| t/fast | partial | 40.0 | 50.0 | -20.0% | NO | 2.75 | 2.00 |" in out
+    assert "| t/fast | partial | 40.0 | 50.0 | -20.0% | NO | 2.75 | 2.00 | NO |" in out
+    assert "| t/sync | colocated | 110.0 | 100.0 | +10.0% | yes | 1.00 | 1.00 | yes |" in out
     assert "rows within 15%: 1 of 2" in out
 
 
@@ -111,13 +113,15 @@ def test_a_row_scales_from_its_own_cluster_size():
 
 def test_the_scaling_report_puts_scales_side_by_side_with_ratios_to_1x():
     row = fidelity.Row("t", "async", "dora_64", "partial", 50.0, "s")
-    by_scale = {scale: [fidelity.Result(row, step, 0.0, {"split": split, "train_s": train})]
-                for scale, step, split, train in [(0.5, 300.0, "24:8", 200.0),
-                                                  (1.0, 200.0, "48:16", 100.0),
-                                                  (2.0, 150.0, "96:32", 50.0)]}
+    by_scale = {scale: [fidelity.Result(row, step, 0.0, {"split": split, "train_s": train,
+                                                         "fits": fits})]
+                for scale, step, split, train, fits in [(0.5, 300.0, "24:8", 200.0, False),
+                                                        (1.0, 200.0, "48:16", 100.0, True),
+                                                        (2.0, 150.0, "96:32", 50.0, None)]}
     out = fidelity.scaling_report(by_scale)
-    assert ("| t/async | partial | 24:8, 300.0 (200.0) | 48:16, 200.0 (100.0) | "
+    assert ("| t/async | partial | 24:8, 300.0 (200.0) ✗ | 48:16, 200.0 (100.0) | "
             "96:32, 150.0 (50.0) | 1.50 | 0.75 |") in out
+    assert "✗: the memory plan says" in out
     assert "step 0.5x / 1x" in out and "step 2x / 1x" in out
 
 
