@@ -231,6 +231,44 @@ def memory_fit(config: SimRunConfig) -> dict[str, Any]:
             "fixes": [fix.override for fix in plan.fixes]}
 
 
+CHECKPOINTING_ORDER = ("none", "selective", "full")  # least recompute first
+MOST_SEQUENCES = 64  # the largest budget tried: 64 longest sequences a micro-batch
+
+
+def scenario_fits(scenario: str, overrides: list[str]) -> bool:
+    """Whether the scenario's run fits its devices at its own split and, where both roles run
+    on one kind of device, colocated (every policy runs one of the two placements)."""
+    from ..sim.config import load_scenario
+
+    sim = load_scenario(scenario, overrides).sim
+    modes = ("partial", "colocated") if sim.rollout.accelerator == sim.train.accelerator \
+        else ("partial",)
+    with _short_runs():
+        return all(memory_fit(candidate_config(scenario, overrides, Candidate(
+            mode, sim.rollout.devices, sim.train.devices), 3)).get("fits", False)
+            for mode in modes)
+
+
+def fitting_trainer(scenario: str, overrides: list[str] = ()) -> tuple[str, int] | None:
+    """The trainer settings a scenario takes when its source states none: the least recompute
+    (`train.activation_checkpointing`: none, selective, full) with which some budget fits, then
+    the largest `train.max_tokens_per_micro_batch` of a power of two of longest sequences (at
+    most MOST_SEQUENCES) that fits, by the memory plan (`scenario_fits`); None when nothing
+    does. A budget is a data-parallel group's, its tokens split over the group's devices."""
+    from ..sim.config import load_scenario
+
+    workload = load_scenario(scenario, list(overrides)).sim.workload
+    longest = workload.prompt_tokens + workload.max_response_tokens
+    counts = [2 ** i for i in range(MOST_SEQUENCES.bit_length())][::-1]
+    for kind in CHECKPOINTING_ORDER:
+        for count in counts:
+            setting = [f"train.activation_checkpointing={kind}",
+                       f"train.max_tokens_per_micro_batch={count * longest}"]
+            if scenario_fits(scenario, [*overrides, *setting]):
+                return kind, count * longest
+    return None
+
+
 def memory_text(fit: dict[str, Any]) -> str:
     if not fit["planned"]:
         return "not planned"

@@ -1,9 +1,10 @@
 """The simulator times only trainers and engines that fit their devices: every bundled
 scenario, at its own split and (where both roles run on one kind of device) colocated, is
 planned by `eddy plan --cluster`'s memory plan as fitting. A scenario whose source does not
-state its trainer's checkpointing and micro-batches takes the least recompute that fits, then
-the largest budget in whole longest sequences (the comment in each file); that rule is pinned
-here too: one step less recompute does not fit at the same budget."""
+state its trainer's checkpointing and micro-batches takes the settings of the rule
+`plan/cluster.py fitting_trainer` owns (the least recompute that fits, then the largest budget
+of a power of two of longest sequences; the comment in each file says so): checked here against
+the rule, so that a change to the memory model cannot leave a scenario's settings stale."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from eddyrl.config.bundled_configs import bundled_root
-from eddyrl.plan.cluster import candidate_config, memory_fit
+from eddyrl.plan.cluster import candidate_config, fitting_trainer, memory_fit
 from eddyrl.plan.cluster_search import Candidate
 from eddyrl.sim.config import load_scenario
 
@@ -46,14 +47,30 @@ def test_the_scenario_fits_as_simulated(scenario):
         assert fit["fits"], (scenario, fit["devices"], fit["fixes"])
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_less_recompute_would_not_fit(scenario):
-    """Where the file chose its checkpointing by the rule, the next lighter kind does not fit
-    (so the simulated recompute is physics, not a choice)."""
-    path = bundled_root() / "sim" / f"{scenario}.yaml"
-    train = (yaml.safe_load(path.read_text()) or {}).get("train") or {}
-    kind = train.get("activation_checkpointing")
-    if "least recompute that fits" not in path.read_text() or kind not in LESS_RECOMPUTE:
-        pytest.skip(f"{scenario}: its checkpointing is its source's, or none")
-    fits = _fits(scenario, [f"train.activation_checkpointing={LESS_RECOMPUTE[kind]}"])
-    assert not all(f["fits"] for f in fits)
+RULE_FOLLOWING = ["asyncflow_910b", "dora_128", "dora_64", "libra_48", "mixed_vendor",
+                  "reflow_8", "scale_1024"]
+
+
+def test_the_rule_following_scenarios_are_the_ones_that_say_so():
+    says = [name for name in SCENARIOS
+            if "least recompute that fits" in (bundled_root() / "sim" / f"{name}.yaml")
+            .read_text()]
+    assert says == RULE_FOLLOWING
+
+
+@pytest.mark.parametrize("scenario", RULE_FOLLOWING)
+def test_a_rule_following_scenario_has_the_rules_settings(scenario):
+    train = yaml.safe_load((bundled_root() / "sim" / f"{scenario}.yaml").read_text())["train"]
+    defaults = load_scenario(scenario, ["train.activation_checkpointing=none",
+                                        "train.max_tokens_per_micro_batch=0"])
+    assert defaults.train.max_tokens_per_micro_batch == 0
+    expected = fitting_trainer(scenario)
+    assert expected == (train["activation_checkpointing"], train["max_tokens_per_micro_batch"])
+    # one step less recompute fits at no budget: not even one longest sequence a micro-batch
+    kind = expected[0]
+    if kind != "none":
+        workload = load_scenario(scenario).sim.workload
+        longest = workload.prompt_tokens + workload.max_response_tokens
+        assert not all(f["fits"] for f in _fits(scenario, [
+            f"train.activation_checkpointing={LESS_RECOMPUTE[kind]}",
+            f"train.max_tokens_per_micro_batch={longest}"]))
