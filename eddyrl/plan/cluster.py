@@ -16,7 +16,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import yaml
 
@@ -249,7 +249,7 @@ def scenario_fits(scenario: str, overrides: list[str]) -> bool:
             for mode in modes)
 
 
-def fitting_trainer(scenario: str, overrides: list[str] = ()) -> tuple[str, int] | None:
+def fitting_trainer(scenario: str, overrides: Sequence[str] = ()) -> tuple[str, int] | None:
     """The trainer settings a scenario takes when its source states none: the least recompute
     (`train.activation_checkpointing`: none, selective, full) with which some budget fits, then
     the largest `train.max_tokens_per_micro_batch` of a power of two of longest sequences (at
@@ -337,7 +337,8 @@ def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, t
             entry["memory"] = {"planned": False, "reason": str(exc)}
         fits = entry["memory"].get("fits", True)
         (choices if fits else unfit).append(entry)
-    faster_unfit = [e for e in unfit if choices and e["samples_per_s"] > choices[0]["samples_per_s"]]
+    best = choices[0]["samples_per_s"] if choices else None
+    faster_unfit = [e for e in unfit if best is not None and e["samples_per_s"] > best]
     choices += unfit[:top - len(choices)]
     return {"scenario": scenario, "overrides": overrides, "model": config.sim.model,
             "devices": {"rollout": f"{space.rollout_devices} {config.sim.rollout.accelerator}",
