@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from eddyrl.config.bundled_configs import bundled_root
 from eddyrl.errors import ConfigError
 from eddyrl.modes import MODES as MODE_REGISTRY
 from eddyrl.plan.cluster import (_relayout, candidate_config, format_cluster_plan, memory_fit,
@@ -219,3 +220,18 @@ def test_the_fastest_that_fit_come_first():
     fits = [c["memory"]["fits"] for c in plan["choices"]]
     assert fits == [True] * 11 + [False] * 2
     assert {c["split"] for c in plan["choices"][-2:]} == {"5:3"}
+
+
+@pytest.mark.parametrize("scenario", sorted(
+    p.stem for p in (bundled_root() / "sim").glob("*.yaml")))
+def test_the_plan_runs_on_every_bundled_scenario(scenario):
+    """Every bundled scenario: its search space, every mode's candidate config (hooks
+    included), the memory plan of the choices (each planned and fitting); the simulated runs
+    stubbed (the simulator's own tests run the scenarios)."""
+    plan = plan_cluster(scenario, [], budget=len(MODE_REGISTRY) + 2, steps=3, top=3,
+                        evaluate=Stub())
+    assert plan["baseline"] is not None and plan["choices"]
+    assert plan["choices"][0]["samples_per_s"] >= plan["baseline"]["samples_per_s"]
+    for choice in plan["choices"]:
+        assert choice["memory"]["planned"] and choice["memory"]["fits"], choice["memory"]
+    assert "not planned" not in format_cluster_plan(plan)
