@@ -352,7 +352,8 @@ def plan_cluster(scenario: str, overrides: list[str], budget: int, steps: int, t
 
 
 def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+    # an idle share a rounding error below zero prints as 0 %, not "-0%"
+    return "-" if value is None else f"{max(value, 0.0):.0%}"
 
 
 def format_cluster_plan(plan: dict[str, Any]) -> str:

@@ -235,3 +235,9 @@ def test_the_plan_runs_on_every_bundled_scenario(scenario):
     for choice in plan["choices"]:
         assert choice["memory"]["planned"] and choice["memory"]["fits"], choice["memory"]
     assert "not planned" not in format_cluster_plan(plan)
+
+
+def test_an_idle_share_below_zero_by_rounding_prints_as_zero():
+    from eddyrl.plan.cluster import _percent
+
+    assert (_percent(-1e-9), _percent(0.104), _percent(None)) == ("0%", "10%", "-")
