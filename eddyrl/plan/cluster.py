@@ -235,18 +235,22 @@ CHECKPOINTING_ORDER = ("none", "selective", "full")  # least recompute first
 MOST_SEQUENCES = 64  # the largest budget tried: 64 longest sequences a micro-batch
 
 
-def scenario_fits(scenario: str, overrides: list[str]) -> bool:
-    """Whether the scenario's run fits its devices at its own split and, where both roles run
-    on one kind of device, colocated (every policy runs one of the two placements)."""
+def scenario_fit_plans(scenario: str, overrides: list[str]) -> list[dict[str, Any]]:
+    """The memory fit of the scenario's run at its own split and, where both roles run on one
+    kind of device, colocated (every policy runs one of the two placements)."""
     from ..sim.config import load_scenario
 
     sim = load_scenario(scenario, overrides).sim
     modes = ("partial", "colocated") if sim.rollout.accelerator == sim.train.accelerator \
         else ("partial",)
     with _short_runs():
-        return all(memory_fit(candidate_config(scenario, overrides, Candidate(
-            mode, sim.rollout.devices, sim.train.devices), 3)).get("fits", False)
-            for mode in modes)
+        return [memory_fit(candidate_config(scenario, overrides, Candidate(
+            mode, sim.rollout.devices, sim.train.devices), 3)) for mode in modes]
+
+
+def scenario_fits(scenario: str, overrides: list[str]) -> bool:
+    """Whether the scenario's run fits its devices in both placements (`scenario_fit_plans`)."""
+    return all(fit.get("fits", False) for fit in scenario_fit_plans(scenario, overrides))
 
 
 def fitting_trainer(scenario: str, overrides: Sequence[str] = ()) -> tuple[str, int] | None:
@@ -257,8 +261,7 @@ def fitting_trainer(scenario: str, overrides: Sequence[str] = ()) -> tuple[str, 
     does. A budget is a data-parallel group's, its tokens split over the group's devices."""
     from ..sim.config import load_scenario
 
-    workload = load_scenario(scenario, list(overrides)).sim.workload
-    longest = workload.prompt_tokens + workload.max_response_tokens
+    longest = load_scenario(scenario, list(overrides)).sim.workload.longest_sequence
     counts = [2 ** i for i in range(MOST_SEQUENCES.bit_length())][::-1]
     for kind in CHECKPOINTING_ORDER:
         for count in counts:

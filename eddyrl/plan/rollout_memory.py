@@ -104,28 +104,15 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
     return 2 * shape.layers * kv_heads_per_device(shape, tp) * shape.head_dim * dtype_bytes
 
 
-def replicated_parameters(shape: ModelShape) -> int:
-    """The parameters every device of a tensor-parallel instance holds whole: the norms (two
-    per layer, the final one, Qwen3's per-head q/k norms)."""
-    per_layer = 2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0)
-    return shape.layers * per_layer + shape.hidden
-
-
-def kv_projection_parameters(shape: ModelShape, kv_heads: int) -> int:
-    """The k and v projections (weights, and biases where the family has them) of every layer
-    for `kv_heads` heads."""
-    per_head = shape.head_dim * (shape.hidden + (1 if shape.qkv_bias else 0))
-    return shape.layers * 2 * kv_heads * per_head
-
-
 def weight_parameters_per_device(shape: ModelShape, tp: int = 1) -> int:
     """Parameters on one device of a tp-wide instance: the split ones' share, the norms whole,
     and the k and v projections of the device's own KV heads (replicated where tp exceeds
     their number)."""
-    whole = replicated_parameters(shape)
-    kv = kv_projection_parameters(shape, shape.kv_heads)
+    whole = shape.norm_parameters()
+    kv = shape.layers * shape.kv_projection_parameters()
     split = shape.parameters() - whole - kv
-    return -(-split // tp) + whole + kv_projection_parameters(shape, kv_heads_per_device(shape, tp))
+    own_kv = shape.layers * shape.kv_projection_parameters(kv_heads_per_device(shape, tp))
+    return -(-split // tp) + whole + own_kv
 
 
 def _layer_width(shape: ModelShape, tp: int = 1) -> int:

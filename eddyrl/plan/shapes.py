@@ -72,16 +72,27 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     # ---- parameter counts ------------------------------------------------------------------
+    def kv_projection_parameters(self, kv_heads: int | None = None) -> int:
+        """One layer's k and v projections (with their biases where the family has them) for
+        `kv_heads` heads (all of them by default)."""
+        heads = self.kv_heads if kv_heads is None else kv_heads
+        return 2 * heads * self.head_dim * (self.hidden + (1 if self.qkv_bias else 0))
+
     def attention_parameters(self) -> int:
-        h, q, kv = self.hidden, self.q_width, self.kv_width
-        count = h * q + 2 * h * kv + q * h
+        h, q = self.hidden, self.q_width
+        count = h * q + q * h + self.kv_projection_parameters()
         if self.qkv_bias:
-            count += q + 2 * kv
+            count += q
         if self.o_bias:
             count += h
         if self.qk_norm:
             count += 2 * self.head_dim
         return count
+
+    def norm_parameters(self) -> int:
+        """Every norm's weight: two RMSNorms a layer, Qwen3's per-head q/k norms, the final."""
+        per_layer = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return self.layers * per_layer + self.hidden
 
     def dense_mlp_parameters(self) -> int:
         bias = self.intermediate * 2 + self.hidden if self.mlp_bias else 0

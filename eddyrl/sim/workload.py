@@ -56,6 +56,11 @@ class WorkloadConfig:
     tool_timeout_s: float = 30.0
     tool_error_tokens: int = 32
 
+    @property
+    def longest_sequence(self) -> int:
+        """The longest sequence a run of this workload holds: a prompt and a full response."""
+        return self.prompt_tokens + self.max_response_tokens
+
     def validate(self, prefix: str) -> None:
         check_range(f"{prefix}.prompts", self.prompts, 1)
         check_range(f"{prefix}.eval_prompts", self.eval_prompts, 1)

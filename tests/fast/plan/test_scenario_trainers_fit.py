@@ -14,26 +14,17 @@ import pytest
 import yaml
 
 from eddyrl.config.bundled_configs import bundled_root
-from eddyrl.plan.cluster import candidate_config, fitting_trainer, memory_fit
-from eddyrl.plan.cluster_search import Candidate
+from eddyrl.plan.cluster import fitting_trainer, scenario_fit_plans
 from eddyrl.sim.config import load_scenario
 
 SCENARIOS = sorted(p.stem for p in (bundled_root() / "sim").glob("*.yaml"))
 LESS_RECOMPUTE = {"full": "selective", "selective": "none"}
 
 
-def _modes(config) -> tuple[str, ...]:
-    same = config.sim.rollout.accelerator == config.sim.train.accelerator
-    return ("partial", "colocated") if same else ("partial",)
-
-
 def _fits(scenario: str, overrides: list[str]) -> list[dict]:
-    config = load_scenario(scenario, overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # steps against K: not what this test is about
-        return [memory_fit(candidate_config(scenario, overrides, Candidate(
-            mode, config.sim.rollout.devices, config.sim.train.devices), 3))
-            for mode in _modes(config)]
+        return scenario_fit_plans(scenario, overrides)
 
 
 def test_every_scenario_is_listed():
@@ -69,8 +60,7 @@ def test_a_rule_following_scenario_has_the_rules_settings(scenario):
     # one step less recompute fits at no budget: not even one longest sequence a micro-batch
     kind = expected[0]
     if kind != "none":
-        workload = load_scenario(scenario).sim.workload
-        longest = workload.prompt_tokens + workload.max_response_tokens
+        longest = load_scenario(scenario).sim.workload.longest_sequence
         assert not all(f["fits"] for f in _fits(scenario, [
             f"train.activation_checkpointing={LESS_RECOMPUTE[kind]}",
             f"train.max_tokens_per_micro_batch={longest}"]))
