@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from ..metric_kinds import combine_parts
 from ..protocol import TrainBatch
 from .config import AlgorithmConfig
 from .losses import PolicyLoss, effective_sample_size, make_policy_loss
@@ -101,7 +102,8 @@ class PolicyUpdate:
                                              logprobs_out=current))
             return {**logprob_mismatch(batch, current), **with_ess(metrics)}
         current = engine.compute_logprobs(batch)  # the weights before this update
-        metrics = logprob_mismatch(batch, current)
+        noted: dict[str, float] = {}  # the joined replicas' report
+        steps = []
         size = -(-len(batch) // chunks) if len(batch) else 0
         for index in range(chunks):
             rows = slice(index * size, (index + 1) * size)
@@ -110,13 +112,10 @@ class PolicyUpdate:
                 # The proximal policy is the weights at the start of this optimizer step.
                 part.prox_logprobs = (engine.compute_logprobs(part)
                                       if index in self._proximal_passes else current[rows])
-            step = engine.train_step(part, self.loss, extra_tokens=replica_tokens,
-                                     external_grads=_noting(replicas, metrics))
-            # means over the mini-batches; a count (skipped_updates) adds up, a maximum stays one
-            metrics.update({k: max(v, metrics.get(k, v)) if is_maximum(k) else
-                            (v if k == "skipped_updates" else v / chunks) + metrics.get(k, 0.0)
-                            for k, v in step.items()})
-        return with_ess(metrics)
+            steps.append(engine.train_step(part, self.loss, extra_tokens=replica_tokens,
+                                           external_grads=_noting(replicas, noted)))
+        # means over the optimizer steps; counts add up, maxima stay maxima (metric_kinds.py)
+        return with_ess({**logprob_mismatch(batch, current), **noted, **combine_parts(steps)})
 
     def replica_gradients(self, batch: TrainBatch, replica: GradientSource, total_tokens: int,
                           ) -> tuple[Gradients, dict[str, float]]:
@@ -136,12 +135,6 @@ def logprob_mismatch(batch: TrainBatch, current: torch.Tensor) -> dict[str, floa
     diff = (current.cpu() - batch.old_logprobs)[mask].abs()
     return {"mismatch_abs_max": float(diff.max()), "mismatch_abs_sum": float(diff.sum()),
             "mismatch_tokens": float(mask.sum())}
-
-
-def is_maximum(name: str) -> bool:
-    """A metric that is a maximum (`mismatch_max_abs`, `*_max`): reduced with max, never
-    averaged (the training engines follow the same naming)."""
-    return name.endswith("_max") or "_max_" in name
 
 
 def with_ess(metrics: dict[str, float]) -> dict[str, float]:

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ...metric_kinds import is_maximum
 from ...models.config import weights_kwargs
 from ...protocol import TrainBatch
 from ...errors import ConfigError
@@ -79,12 +80,6 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
         if owner != name:
             aliases[name] = owner
     return aliases
-
-
-def _is_maximum(name: str) -> bool:
-    """A loss metric that is a maximum (`mismatch_max_abs`, `*_max`): reduced with max over
-    micro-batches and ranks; every other one is a token mean."""
-    return name.endswith("_max") or "_max_" in name
 
 
 class FSDPTrainEngine(TrainEngine):
@@ -263,7 +258,7 @@ class FSDPTrainEngine(TrainEngine):
             tokens = 0.0 if padding else float(micro.batch.loss_mask.sum())
             loss_sum += float(loss.detach())
             for name, value in metrics.items():
-                if _is_maximum(name):
+                if is_maximum(name):
                     metric_maxima[name] = max(value, metric_maxima.get(name, value))
                 else:
                     metric_sums[name] = metric_sums.get(name, 0.0) + value * tokens

@@ -17,7 +17,8 @@ import torch
 
 from eddyrl.core.corrections import resolve_correction
 from eddyrl.core.losses import effective_sample_size, make_policy_loss
-from eddyrl.core.update import is_maximum, with_ess
+from eddyrl.core.update import with_ess
+from eddyrl.metric_kinds import is_maximum
 from eddyrl.errors import ConfigError
 from eddyrl.protocol import TrainBatch
 
