@@ -349,13 +349,14 @@ class StreamingRollout:
 
     # -- training batches ----------------------------------------------------------------------
 
-    async def next_batch(self) -> list[Group]:
-        """The next batch the window allows (waiting for completions as needed), as whole
-        groups with their trajectories in sample order, taken out of the store."""
+    async def next_batch(self, count: int | None = None) -> list[Group]:
+        """The next batch the window allows (waiting for completions as needed), or the next
+        `count` groups of it (a streamed step's part), as whole groups with their
+        trajectories in sample order, taken out of the store."""
         while True:
             self.streams.raise_failure()
             self.streams.progress().clear()
-            ids = self.window.take_batch()
+            ids = self.window.take_batch(count)
             if ids is not None:
                 break
             if not self.window.running:

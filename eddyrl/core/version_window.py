@@ -15,7 +15,8 @@ hosted by some worker (DORA fills idle slots of legacy-version workers): its dea
 so the bound is checked at every step from d + K on.
 
 Training takes groups in completion order, not dispatch order: `take_batch` hands out the B
-collected groups with the earliest deadlines, but only if what stays behind (running or not) can
+collected groups with the earliest deadlines (or, for a streamed step, `take_batch(count)` any
+part of the B still untaken at this version: the rule below counts what the version has taken), but only if what stays behind (running or not) can
 still be trained in time, i.e. at most j·B groups with deadline <= version + j, for j = 0..K
 (earliest-deadline-first is optimal for unit-size jobs, so it never refuses a batch that some
 other choice would allow). A slow trajectory therefore does not hold up a batch of fast ones
@@ -85,7 +86,7 @@ class VersionWindow:
         self.started_this_sync = 0
         self.version = 0  # the trainer's current policy version
         self.accepted = 0  # groups collected, ever (a consumed slot stays consumed)
-        self.taken = False  # whether this version's batch has been handed out (until advance)
+        self.taken = 0  # groups of this version's batch handed out so far (0..B, until advance)
         # group -> dispatch version, in dispatch order, from dispatch until taken for training
         # (or requeued); and its deadline: the last trainer version that may train it
         # (dispatch version + the K in force at its dispatch)
@@ -115,10 +116,9 @@ class VersionWindow:
         if version > self.version or (version < self.version and new_deadline <= self.version):
             return 0  # a future version, or one whose groups would be due at this very step
         # Each step from now to `deadline` trains B groups: those due by then must fit (the
-        # current step no longer counts once its batch is taken). The room is least at the new
+        # current step counts only what it has not yet taken). The room is least at the new
         # group's deadline or at a later deadline already held (in between, it only grows).
-        steps_from_now = 1 - self.taken
-        by_deadline = min((deadline - self.version + steps_from_now) * b
+        by_deadline = min((deadline - self.version + 1) * b - self.taken
                           - self._untaken_due_by(deadline)
                           for deadline in {new_deadline, *(d for d in self._untaken_per_deadline
                                                            if d > new_deadline)})
@@ -211,35 +211,41 @@ class VersionWindow:
         # its start is given back: dispatching it again counts it again
         self.started_this_sync = max(0, self.started_this_sync - 1)
 
-    def take_batch(self) -> list[str] | None:
-        """The next training batch: the B collected groups with the earliest deadlines (then
-        dispatch order), or None while fewer than B are collected or while taking them would
-        leave a group (running or not) unable to make its deadline."""
+    def take_batch(self, count: int | None = None) -> list[str] | None:
+        """The next training batch: the `count` (default B) collected groups with the earliest
+        deadlines (then dispatch order), or None while fewer are collected or while taking
+        them would leave a group (running or not) unable to make its deadline. A streamed
+        step takes its B in parts (`count` < B), each counted against what the version has
+        left to take."""
         b = self.batch_groups
+        count = b if count is None else count
+        if count < 1:
+            raise VersionWindowError(f"cannot take {count} group(s) for training")
+        room = max(0, b - self.taken)  # of this version's B, not yet taken
         # collected = dispatched, not running (every running group is dispatched): counted
         # before listing them, as this is asked at every collected group
-        if len(self._dispatch_version) - len(self._running) < b:
+        if len(self._dispatch_version) - len(self._running) < count:
             return None
-        # the batch is the B collected groups due first: what each deadline gives to it, and
+        # the part is the collected groups due first: what each deadline gives to it, and
         # what it leaves behind, follow from the counts per deadline (groups are listed only
-        # once the batch may be taken)
+        # once the part may be taken)
         left = Counter(self._untaken_per_deadline)  # deadline -> groups left behind
-        need = b
+        need = count
         for deadline in sorted(left):
             chosen = min(need, left[deadline] - self._running_per_deadline[deadline])
             left[deadline] -= chosen
             need -= chosen
         due = 0
-        for deadline in sorted(left):  # left behind and due by step `deadline`: j = deadline -
-            due += left[deadline]      # version steps after this one take them
-            if due > (deadline - self.version) * b:
+        for deadline in sorted(left):  # left behind and due by step `deadline`: the rest of
+            due += left[deadline]      # this version, then deadline - version steps, take them
+            if due > (deadline - self.version) * b + max(0, room - count):
                 return None
         collected = [g for g in self._dispatch_version if g not in self._running]
         collected.sort(key=self._deadline.__getitem__)  # stable: dispatch order within
-        batch = collected[:b]
+        batch = collected[:count]
         for group_id in batch:
             self._check_deadline(*self._forget(group_id))
-        self.taken = True
+        self.taken = min(b, self.taken + count)
         return batch
 
     def advance(self) -> int:
@@ -256,7 +262,7 @@ class VersionWindow:
                 f"(max_staleness = {due - versions[0]} at their dispatch); collect or requeue "
                 "them")
         self.version += 1
-        self.taken = False
+        self.taken = 0
         # verl's reset at a parameter sync: what is still in flight counts against the new
         # version's budget (dispatched and not yet taken: running, or collected)
         self.started_this_sync = len(self._dispatch_version)
@@ -276,7 +282,7 @@ class VersionWindow:
         if self._dispatch_version:
             raise VersionWindowError(f"cannot restore a window with {len(self._dispatch_version)} "
                                      "group(s) dispatched")
-        self.version, self.accepted, self.taken = state["version"], state["accepted"], False
+        self.version, self.accepted, self.taken = state["version"], state["accepted"], 0
         self.started_this_sync = 0
 
     # -- internals -----------------------------------------------------------------------------

@@ -150,12 +150,14 @@ def test_advance_refuses_to_strand_a_running_group_beyond_k():
         window.check_trainable("slow")
 
 
-@pytest.mark.parametrize("k,b,max_concurrent,seed", [
-    (0, 2, 3, 0), (1, 2, 8, 1), (2, 3, 5, 2), (3, 1, 16, 3), (1, 4, 4, 4)])
-def test_randomized_staleness_never_exceeds_k(k, b, max_concurrent, seed):
+@pytest.mark.parametrize("k,b,max_concurrent,seed,parts", [
+    (0, 2, 3, 0, 1), (1, 2, 8, 1, 1), (2, 3, 5, 2, 1), (3, 1, 16, 3, 1), (1, 4, 4, 4, 1),
+    (0, 4, 4, 5, 2), (1, 6, 9, 6, 3), (3, 8, 16, 7, 4)])
+def test_randomized_staleness_never_exceeds_k(k, b, max_concurrent, seed, parts):
     """Thousands of random dispatch/collect/requeue/train calls; the trainer consumes batches of
-    B collected groups in dispatch order. Every trained group is at most K versions old, at most
-    K + 1 versions are live, and the admission bound always holds."""
+    B collected groups in dispatch order (`parts` > 1: in that many parts, a streamed step).
+    Every trained group is at most K versions old, at most K + 1 versions are live, and the
+    admission bound always holds."""
     rng = random.Random(seed)
     window = VersionWindow(max_staleness=k, batch_groups=b, max_concurrent=max_concurrent)
     ids = iter(range(10**9))
@@ -174,11 +176,12 @@ def test_randomized_staleness_never_exceeds_k(k, b, max_concurrent, seed):
             window.requeue(group)
             queued.append(group)
         else:
-            batch = window.take_batch()
+            batch = window.take_batch(b // parts)
             if batch is not None:
                 trained += len(batch)
-                assert window.can_advance()  # dispatch order never strands a running group
-                window.advance()
+                if window.taken == b:
+                    assert window.can_advance()  # dispatch order never strands a running group
+                    window.advance()
         live = window.live_versions()
         assert max(live) - min(live) <= k, live
         assert window.running <= max_concurrent
@@ -186,7 +189,7 @@ def test_randomized_staleness_never_exceeds_k(k, b, max_concurrent, seed):
         for group in running:
             if window.is_running(group):
                 assert window.staleness(group) <= k
-    assert window.version >= 100 and trained == window.version * b
+    assert window.version >= 100 and trained == window.version * b + window.taken
 
 
 def test_randomized_takes_check_every_group_at_training_time():
@@ -206,6 +209,25 @@ def test_randomized_takes_check_every_group_at_training_time():
             worst = max(worst, *(window.version - born[g] for g in batch))
             window.advance()
     assert 0 < worst <= 2
+
+
+def test_a_streamed_step_takes_its_batch_in_parts():
+    window = VersionWindow(max_staleness=0, batch_groups=4, max_concurrent=4)
+    for g in "abcd":
+        window.dispatch(g)
+    window.collect("b")
+    assert window.take_batch() is None, "the whole batch is not collected yet"
+    assert window.take_batch(1) == ["b"]  # a part trains while the rest generate
+    assert window.taken == 1
+    assert window.capacity() == 0, "the taken group's slot is not the next version's yet"
+    with pytest.raises(VersionWindowError, match="cannot take 0"):
+        window.take_batch(0)
+    for g in "acd":
+        window.collect(g)
+    assert window.take_batch(2) == ["a", "c"]
+    assert window.take_batch(1) == ["d"]  # the rest of the version's batch
+    window.advance()
+    assert window.taken == 0 and window.capacity() == 4
 
 
 def test_completion_order_lets_fast_groups_overtake_a_slow_one_until_its_deadline():
