@@ -3,10 +3,14 @@
 workers were last given, and the optimizer state and generators of the run's last checkpoint.
 
 - The weights: the first live rollout worker whose newest weights (`held_weights`: staged or
-  hosted) are of the trainer's version after its last completed call
-  (`RayRuntime.trainer_version`). Only that version will do: an older one would drop steps
-  whose batches the ledger counts as trained; none newer exists (the trainer is its only
-  source). A worker gives them back in its engine's dtype, under the trainer's names; they go
+  hosted) are the trainer's state after its last completed call (`RayRuntime.trainer_version`,
+  counted in optimizer steps). A worker knows its weights by the policy version they were
+  published as, so the state is found through the last publish (`RayRuntime.publishing`: the
+  trainer's optimizer steps then, and the version they went out as): with `train.mini_batches`
+  optimizer steps a version the two counts differ. Only that state will do: an older one would
+  drop steps whose batches the ledger counts as trained; none newer exists (the trainer is its
+  only source). A state never published, a streamed step's part (`train.stream_chunks`), has
+  no such source: the run ends saying so. A worker gives them back in its engine's dtype, under the trainer's names; they go
   to the new rank 0 through the object store and from it to the others by broadcast.
 - The optimizer and generators: the newest checkpoint under `<run_dir>/checkpoints` that
   verifies (`checkpoints.latest`), of a version no later than that; none (the first steps of a
@@ -43,7 +47,14 @@ async def published_plan(runtime: RayRuntime, lost: TrainerRankLost, version: in
                          ) -> tuple[PublishedPlan, dict[str, float]]:
     """The plan every member of the new group loads (`TrainerRank.rejoin_published`), and
     what the event records of it; raises `lost.not_recovered(why)` where there is none."""
-    weights, worker, why = await _published_weights(runtime, version)
+    sent_at, published = runtime.publishing
+    if sent_at != version:
+        raise lost.not_recovered(
+            f"train.buddy_replication = false and the trainer's state after its last completed "
+            f"call (optimizer step {version}) never went to the rollout workers (the last "
+            f"publish was optimizer step {sent_at}'s, as version {published}): a streamed step "
+            "(train.stream_chunks) between its parts; keep buddy copies to recover there")
+    weights, worker, why = await _published_weights(runtime, published)
     if weights is None:
         raise lost.not_recovered(why)
     path, saved = _checkpoint(runtime, version)
@@ -53,7 +64,7 @@ async def published_plan(runtime: RayRuntime, lost: TrainerRankLost, version: in
             if runtime.ship_checkpoints else str(path)
     optimizer = f"checkpoint {path.name} (version {saved})" if path else "a fresh optimizer"
     log.warning(f"trainer rank {lost.rank} is rebuilt without buddy copies: the weights of "
-                f"version {version} from rollout worker {worker}, the optimizer state and "
+                f"version {published} from rollout worker {worker}, the optimizer state and "
                 f"generators from {optimizer}")
     return (PublishedPlan([weights], version, checkpoint),
             {"trainer_weights_from_worker": float(worker),

@@ -116,6 +116,10 @@ class RayRuntime:
         # the trainer's version after its last completed call: what a rebuild after a lost
         # rank must go back to (trainer_rebuild.py), never past it
         self.trainer_version = 0
+        # the last publish: the trainer's version (optimizer steps) then, and the policy
+        # version it went out as; a rebuild without buddy copies finds the trainer's state on
+        # the rollout workers by it (published_rebuild.py)
+        self.publishing = (0, 0)
         group = self._rendezvous("trainer_group", world)
         self.calls.get_all([(f"trainer rank {r}", "start (trainer group, model)",
                              t.start.remote(group)) for r, t in enumerate(self.trainers)])
@@ -323,6 +327,7 @@ class RayRuntime:
         the version each worker now hosts (a busy one, or one in `hold`, keeps its own with
         the new one staged; -1 for a worker being replaced, which gets the weights as it comes
         back)."""
+        self.publishing = (self.trainer_version, version)
         hosted = await self._send_weights(version, hold)
         await self.weights.published(version)
         return hosted

@@ -41,13 +41,13 @@ class _Calls:
         return ref
 
 
-def _runtime(tmp_path, held, lost=(), lora=0):
+def _runtime(tmp_path, held, lost=(), lora=0, publishing=(5, 5)):
     workers = [_Worker(h) for h in held]
     actors = SimpleNamespace(live=lambda: [i for i in range(len(workers)) if i not in lost],
                              handle=lambda i: workers[i])
     train = SimpleNamespace(lora=SimpleNamespace(enabled=lora > 0))
     return SimpleNamespace(actors=actors, calls=_Calls(), work_dir=str(tmp_path),
-                           ship_checkpoints=False,
+                           ship_checkpoints=False, publishing=publishing,
                            settings=SimpleNamespace(trainer=SimpleNamespace(train=train)))
 
 
@@ -60,6 +60,25 @@ def test_the_weights_come_from_the_first_worker_holding_the_trainers_version(tmp
     assert plan.weights == ["weights of 5"] and plan.version == 5  # worker 2: 1 is lost
     assert recorded == {"trainer_weights_from_worker": 2.0, "trainer_optimizer_version": -1.0}
     assert plan.checkpoint is None  # no checkpoint yet: a fresh optimizer
+
+
+def test_with_several_optimizer_steps_a_version_the_state_is_found_by_its_publish(tmp_path):
+    # train.mini_batches = 2: the trainer's 10 optimizer steps went out as version 5
+    runtime = _runtime(tmp_path, held=[4, 5], publishing=(10, 5))
+    plan, recorded = asyncio.run(published_rebuild.published_plan(runtime, LOST, 10))
+    assert plan.weights == ["weights of 5"] and plan.version == 10  # the trainer's count
+    assert recorded["trainer_weights_from_worker"] == 1.0
+
+
+def test_a_state_never_published_has_no_source_and_the_run_ends_saying_why(tmp_path):
+    # a streamed step's first part done (11 optimizer steps), the last publish at 10
+    runtime = _runtime(tmp_path, held=[5, 5], publishing=(10, 5))
+    with pytest.raises(TrainerRankLost) as error:
+        asyncio.run(published_rebuild.published_plan(runtime, LOST, 11))
+    assert ("the trainer's state after its last completed call (optimizer step 11) never went "
+            "to the rollout workers (the last publish was optimizer step 10's, as version 5)"
+            in str(error.value))
+    assert "train.stream_chunks" in str(error.value)
 
 
 @pytest.mark.parametrize("held,lora,why", [
