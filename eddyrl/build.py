@@ -45,7 +45,7 @@ def loop_settings(config: Any, sampling: SamplingParams, pad_id: int, *, trainer
         n_samples=rollout.n_samples, seed=config.seed, pad_id=pad_id, replay=config.replay,
         max_batch_size=rollout.max_batch_size, elastic=config.elastic,
         adaptive=config.adaptive, routing=config.routing, trainer_ranks=trainer_ranks,
-        plan_cost=plan_cost, env=env,
+        plan_cost=plan_cost, env=env, stream_chunks=config.train.stream_chunks,
         platforms=role_platform_names(config))
 
 

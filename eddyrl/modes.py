@@ -66,8 +66,9 @@ class ScenarioHook:
 SCENARIO_HOOKS: dict[str, ScenarioHook] = {
     "colocated_devices": ScenarioHook(
         "both roles get all of the scenario's devices (its rollout and its training devices "
-        "together), in turns; needs one accelerator for both",
-        ("sim.rollout.devices", "sim.train.devices")),
+        "together), in turns, so a step trains its batch in one part; needs one accelerator "
+        "for both",
+        ("sim.rollout.devices", "sim.train.devices", "train.stream_chunks")),
     "partial_window": ScenarioHook(
         "K is the scenario's own (at least 1: how many versions a trajectory may span; verl "
         "sets no such bound) and the rollout runs sim.staleness_threshold (verl's, 0.5 unless "

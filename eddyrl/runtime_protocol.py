@@ -14,7 +14,7 @@ lacks is refused there by name:
 - `Plannable`: change every rollout worker's generation strategy while running (the adaptive
   scheduler's plans);
 - `TrainerRecoverable`: rebuild the trainer in place after `TrainerRankLost` (a replacement
-  rank, or the survivors alone), at the state of the last completed step, so that the call
+  rank, or the survivors alone), at the state of the last completed call, so that the call
   that lost it can run again (`core/trainer_recovery.py`).
 
 The implementations: `runtime.ray.RayRuntime` (all four), `sim.runtime.SimRuntime` (elastic,
@@ -152,7 +152,7 @@ class Plannable(Protocol):
 @runtime_checkable
 class TrainerRecoverable(Protocol):
     async def recover_trainer(self, lost: TrainerRankLost) -> dict[str, float]:
-        """Rebuild the trainer without `lost`'s rank, at the state of its last completed step
+        """Rebuild the trainer without `lost`'s rank, at the state of its last completed call
         (weights, optimizer, generators), so that the interrupted call can run again; returns
         the recovery's metrics. Raises `lost.not_recovered(why)` where it cannot."""
         ...

@@ -84,6 +84,12 @@ class EddyConfig:
                 "fresh data (max_fraction < 1)")
         algo, window = self.algorithm, self.window
         fresh = self.loop.batch_prompts - slots
+        if self.train.stream_chunks > fresh:
+            raise contradiction(
+                f"train.stream_chunks = {self.train.stream_chunks} with {fresh} fresh group(s) a "
+                f"step (loop.batch_prompts = {self.loop.batch_prompts}, replay.max_fraction = "
+                f"{self.replay.max_fraction}): each part of a streamed step needs at least one "
+                "fresh group; lower stream_chunks")
         if window.refill == "batch" and 0 < window.max_inflight_prompts < fresh:
             raise contradiction(
                 f"window.refill = batch with window.max_inflight_prompts = "
@@ -182,6 +188,11 @@ class EddyConfig:
                 "colocated roles take turns on the same devices, so nothing generates while "
                 "the trainer trains; asynchronous training needs cluster.placement = split "
                 "(or set max_staleness = 0)")
+        if self.train.stream_chunks > 1:
+            raise contradiction(
+                f"{key} with train.stream_chunks = {self.train.stream_chunks}: a streamed step "
+                "trains its first parts while the rest generate, and colocated roles take "
+                "turns on the same devices; set stream_chunks = 1 or cluster.placement = split")
         if self.elastic.enabled:
             raise contradiction(
                 f"{key} with elastic.enabled = True: the elastic pool lends split rollout "

@@ -26,6 +26,7 @@ from ..tasks.prompts import Prompt, PromptQueue, PromptSet
 from .idle import IdleWatch
 from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
+from ..metric_kinds import combine_parts
 from .governor import Governor, Signals
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
@@ -67,6 +68,9 @@ class LoopSettings:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     trainer_ranks: int = 1  # the elastic pool's fixed core
+    # the step's batch trained in this many parts, each once its groups are collected
+    # (`train.stream_chunks`: verl's fully asynchronous trainer)
+    stream_chunks: int = 1
     plan_cost: CostModel | None = None  # the rollout devices' cost model, for plan predictions
     # every response is a multi-turn episode in one of its environments (`env` config
     # section), hosted in a user-code pool (`EnvHost`) or inline; None: single-turn
@@ -217,37 +221,64 @@ class Controller:
 
     async def step(self) -> dict[str, Any]:
         """Wait for the fresh batch the window allows (`rollout_s`), add replayed groups, train,
-        publish the new weights, rebalance workers between versions. A step whose groups all
-        carry no signal trains nothing but still advances the version, so the window admits
-        the next batch."""
+        publish the new weights, rebalance workers between versions. A streamed step
+        (`stream_chunks` > 1) waits for and trains its batch in parts, each as soon as its
+        groups are collected, and publishes once, after the last: the same groups, optimizer
+        steps and version as one part. A step whose groups all carry no signal trains
+        nothing but still advances the version, so the window admits the next batch."""
         t0, before = self.runtime.now(), RolloutCounters.of(self.rollout)
         replayed = self.replay.select(self.settings.loop.batch_prompts, self.version)
-        fresh, rollout_metrics = await self.collect_fresh()
-        t1 = self.runtime.now()
-        groups = fresh + [group for group, _ in replayed]
-        train_metrics: dict[str, float] = {}
-        if groups:
-            weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
-            batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
-                                     normalize_std=self.settings.algorithm.normalize_std,
-                                     correction_scale=self._correction_scale())
-            replicas = self.elastic.replicas()
-            train_metrics = await self.trainer.call(
-                "train_step", lambda: self.runtime.train(batch, replicas))
+        fresh: list[Group] = []
+        generated: list[Group] = []
+        parts: list[dict[str, float]] = []
+        training_s = 0.0
+        for count, replayed_part in self._parts(replayed):
+            kept, made = await self.collect_fresh(count)
+            fresh += kept
+            generated += made
+            started = self.runtime.now()
+            if kept or replayed_part:
+                parts.append(await self._train(kept, replayed_part))
+            training_s += self.runtime.now() - started
+        # the parts' metrics as one step's (metric_kinds.py); the time waited for groups and
+        # the time trained, each added over the parts
+        train_metrics = combine_parts(parts)
         t2 = self.runtime.now()
+        t1 = t2 - training_s
         self.window.advance()
         self.rollout.published(self.version, await self.trainer.call(
             "weight export", lambda: self.runtime.sync_weights(
                 self.version, hold=self.rollout.holding())))
         t3 = self.runtime.now()
         self._after_training(fresh, [group for group, _ in replayed])
-        record = step_record(self.version, fresh, replayed, rollout_metrics, train_metrics,
+        record = step_record(self.version, fresh, replayed,
+                             rollout_metrics(generated, self.reward.errors), train_metrics,
                              self.window.running, (t0, t1, t2, t3))
         record |= self._govern(record) | self.trainer.drain()
         # DORA: the new version's share of workers, before its prompts are dispatched.
         await self.rollout.rebalance(self._dispatchable_groups() * self.settings.n_samples)
         record |= await self._boundary(record)
         return record | RolloutCounters.of(self.rollout).since(before)
+
+    def _parts(self, replayed: list[tuple[Group, float]]
+               ) -> list[tuple[int, list[tuple[Group, float]]]]:
+        """The step's parts: fresh groups to wait for, and replayed groups to train beside
+        them (spread over the parts), one part unless the step is streamed."""
+        chunks = self.settings.stream_chunks
+        size, extra = divmod(self.fresh_per_step, chunks)
+        return [(size + (index < extra), replayed[index::chunks]) for index in range(chunks)]
+
+    async def _train(self, fresh: list[Group], replayed: list[tuple[Group, float]]
+                     ) -> dict[str, float]:
+        """One training call on `fresh` and `replayed` groups (weighted τ), through the
+        trainer's recovery."""
+        groups = fresh + [group for group, _ in replayed]
+        weights = [1.0] * len(fresh) + [weight for _, weight in replayed]
+        batch = self.build_batch(groups, self.settings.pad_id, weights=weights,
+                                 normalize_std=self.settings.algorithm.normalize_std,
+                                 correction_scale=self._correction_scale())
+        replicas = self.elastic.replicas()
+        return await self.trainer.call("train_step", lambda: self.runtime.train(batch, replicas))
 
     def _correction_scale(self) -> float | None:
         """The governor's scale of the correction's bounds for this step's batch; None (the
@@ -328,30 +359,31 @@ class Controller:
             self.ledger.queue(group.group_id, prompt.index, epoch)
         return requeued + groups
 
-    async def collect_fresh(self) -> tuple[list[Group], dict[str, Any]]:
-        """The next fresh batch the window hands out (C3 is checked for every group in it);
-        with dynamic sampling, uninformative groups are dropped (recorded as evicted) and, in
-        synchronous mode, refilled from new prompts for up to `max_refill_rounds`."""
+    async def collect_fresh(self, count: int) -> tuple[list[Group], list[Group]]:
+        """The next `count` fresh groups the window hands out (C3 is checked for every group
+        in them), kept and generated; with dynamic sampling, uninformative groups are dropped
+        (recorded as evicted) and, in synchronous mode, refilled from new prompts for up to
+        `max_refill_rounds`."""
         algo = self.settings.algorithm
         self.fill_pipeline()
-        if not self.fresh_per_step:
-            return [], rollout_metrics([], self.reward.errors)
-        generated = await self.rollout.next_batch()
+        if not count:
+            return [], []
+        generated = await self.rollout.next_batch(count)
         # Taking the batch may free in-flight room (window.max_inflight_prompts): the next batch
         # starts generating now, while this one trains.
         self.fill_pipeline()
         kept = self._drop_uninformative(generated)
         for _ in range(algo.max_refill_rounds if algo.dynamic_sampling else 0):
-            if len(kept) >= self.fresh_per_step:
+            if len(kept) >= count:
                 break
-            groups = self._queue_groups(self.fresh_per_step - len(kept))
+            groups = self._queue_groups(count - len(kept))
             await self.rollout.generate_now(groups, self.settings.n_samples,
                                             self.settings.sampling, Purpose.REFILL)
             generated += groups
             kept += self._drop_uninformative(groups)
         if self.idle is not None:
             self.idle.saw(generated)
-        return kept, rollout_metrics(generated, self.reward.errors)
+        return kept, generated
 
     def _drop_uninformative(self, groups: list[Group]) -> list[Group]:
         if not self.settings.algorithm.dynamic_sampling:

@@ -1,5 +1,6 @@
 """A trainer call that survives the loss of a trainer rank: the runtime rebuilds the trainer at
-the state of its last completed step, and the call that lost the rank runs again.
+the state of its last completed call (a step, or a part of a streamed step:
+`train.stream_chunks`), and the call that lost the rank runs again.
 
 The controller makes three kinds of trainer call: a training step, a weight publish, a
 checkpoint write. Each goes through `TrainerRecovery.call`. When one raises `TrainerRankLost`

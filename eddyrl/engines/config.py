@@ -140,6 +140,12 @@ class TrainConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward on one rank
     mini_batches: int = 1  # optimizer steps per RL step (PPO-style updates over the batch)
+    # the step's batch trained in this many parts, each as soon as its groups are collected,
+    # while the rest still generate (verl's fully asynchronous trainer: require_batches
+    # mini-batches a call, trigger_parameter_sync_step calls a weight sync); each part is
+    # mini_batches / stream_chunks optimizer steps, so a step's optimizer steps stay the same
+    # size and count. 1: the whole batch, once collected
+    stream_chunks: int = 1
     # rows of one prompt share its forward pass: one packed sequence per prompt, its responses
     # after it (engines/training/packing.py); a pack holds at most max_packed_tokens tokens
     share_prompts: bool = True
@@ -196,6 +202,12 @@ class TrainConfig:
         check_positive(f"{prefix}.grad_clip", self.grad_clip)
         check_range(f"{prefix}.micro_batch_size", self.micro_batch_size, 1)
         check_range(f"{prefix}.mini_batches", self.mini_batches, 1)
+        check_range(f"{prefix}.stream_chunks", self.stream_chunks, 1)
+        if self.mini_batches % self.stream_chunks:
+            raise ConfigError(
+                f"{prefix}.stream_chunks = {self.stream_chunks} does not divide "
+                f"{prefix}.mini_batches = {self.mini_batches}: each part of the step is whole "
+                "optimizer steps; set mini_batches to a multiple of stream_chunks")
         check_range(f"{prefix}.max_packed_tokens", self.max_packed_tokens, 1)
         check_range(f"{prefix}.bucket_mb", self.bucket_mb, 1)
         check_choice(f"{prefix}.weight_channel", self.weight_channel,
@@ -213,6 +225,11 @@ class TrainConfig:
         check_choice(f"{prefix}.offload", self.offload, get_args(OffloadKind))
         check_choice(f"{prefix}.attention", self.attention, get_args(AttentionKind))
         self.lora.validate(f"{prefix}.lora")
+
+    @property
+    def mini_batches_per_call(self) -> int:
+        """Optimizer steps in one training call: one part of a streamed step."""
+        return self.mini_batches // self.stream_chunks
 
     def forward_options(self) -> dict:
         """What shapes a training forward pass, as keyword arguments of the training engine

@@ -288,7 +288,7 @@ class TrainerRank(RankRebuild):
 
         self.engine = build(lr=train.lr, weight_decay=train.weight_decay,
                             grad_clip=train.grad_clip)
-        self.update = PolicyUpdate(settings.algorithm, mini_batches=train.mini_batches)
+        self.update = PolicyUpdate(settings.algorithm, mini_batches=train.mini_batches_per_call)
         # The KL reference is the initial policy: the same engine, sharded the same way, never
         # stepped (AdamW allocates its state lazily, so the unused optimizer costs nothing).
         self.reference = build() if self.update.needs_reference else None

@@ -6,7 +6,8 @@ own overrides, then, only here, the mode's named scenario hook: what depends on 
 cluster and workload (`SCENARIO_HOOKS` in the registry says what each sets; this module
 computes them).
 
-- colocated_devices: both roles get all of the scenario's devices, in turns.
+- colocated_devices: both roles get all of the scenario's devices, in turns (the whole batch
+  trained in one part).
 - partial_window: the scenario's K (at least 1) and `sim.staleness_threshold` of a batch ahead
   (verl's partial rollout; the recipe is Meituan's, as is DORA, whose paper compares against
   partial rollout), bounded as the system the scenario reproduces bounds it
@@ -86,14 +87,17 @@ def _long_work_share(lengths: ResponseLengths, threshold: int, cost: CostModel, 
 
 
 def _colocated(config: EddyConfig) -> list[str]:
-    """Both roles on all of the scenario's devices (rollout's and training's together)."""
+    """Both roles on all of the scenario's devices (rollout's and training's together), in
+    turns: the trainer waits for the whole batch (a scenario's streamed trainer, verl's fully
+    asynchronous one, is its split placement's)."""
     sim = config.sim
     if sim.rollout.accelerator != sim.train.accelerator:
         raise ConfigError(f"policy 'colocated' time-shares devices, but the scenario's rollout "
                           f"runs on {sim.rollout.accelerator} and training on "
                           f"{sim.train.accelerator}")
     devices = sim.rollout.devices + sim.train.devices
-    return [f"sim.rollout.devices={devices}", f"sim.train.devices={devices}"]
+    return [f"sim.rollout.devices={devices}", f"sim.train.devices={devices}",
+            "train.stream_chunks=1"]
 
 
 # verl's fully asynchronous rollouter lets at most 16 samples (prompts) per rollout server

@@ -61,7 +61,9 @@ def build_sim_batch(groups: list[Group], pad_id: int = 0, *, weights=None,
 class SimTrainer:
     cost: CostModel  # the device, the model, the efficiency, and tp (devices per group)
     dp: int  # data-parallel groups
-    mini_batches: int = 1  # optimizer steps per RL step (train.mini_batches)
+    # optimizer steps a training call (train.mini_batches; a streamed step's part has
+    # mini_batches / stream_chunks)
+    mini_batches: int = 1
     passes: tuple[ForwardPass, ...] = ()  # log-prob passes (core/update_passes.py)
     checkpointing: Checkpointing = "none"  # train.activation_checkpointing
     shard: int = 0  # FSDP shard group in devices (0: all; verl's fsdp_size)
@@ -71,12 +73,12 @@ class SimTrainer:
     @classmethod
     def from_config(cls, config: EddyConfig, cost: CostModel, dp: int, *,
                     shard: int = 0, rollout_logprobs: bool = False) -> SimTrainer:
-        """The trainer `config` describes: its `train` section's optimizer steps, activation
-        checkpointing and micro-batches, its algorithm's log-prob passes (none for the old
+        """The trainer `config` describes: its `train` section's optimizer steps a call,
+        activation checkpointing and micro-batches, its algorithm's log-prob passes (none for the old
         log-probs when `rollout_logprobs`: they come from the rollout engine)."""
         train = config.train
-        return cls(cost=cost, dp=dp, mini_batches=train.mini_batches,
-                   passes=forward_passes(config.algorithm, train.mini_batches,
+        return cls(cost=cost, dp=dp, mini_batches=train.mini_batches_per_call,
+                   passes=forward_passes(config.algorithm, train.mini_batches_per_call,
                                          rollout_logprobs=rollout_logprobs),
                    checkpointing=train.activation_checkpointing, shard=shard,
                    micro_batch_rows=train.micro_batch_size,

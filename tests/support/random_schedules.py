@@ -191,6 +191,7 @@ class ScheduleRuntime:
         self.handed: list[list] = []  # every batch `train` was called with, each attempt
         self.losses = trainer_losses
         self.committed = (0, 0)  # (len(batches), published) when the last call returned
+        self.lost_in_call: list[int] = []  # per train_step loss, the calls committed before it
         self.events: list[tuple] = []
         self.published = 0
         self.results = 0
@@ -237,6 +238,8 @@ class ScheduleRuntime:
         return [engine.stats() for engine in self.workers]
 
     def _lost(self, during: str, point: int, effects: int) -> TrainerRankLost:
+        if during == "train_step":  # which call of the run lost it: its committed calls
+            self.lost_in_call.append(self.committed[0])
         lost = self.losses.lose(during, point, effects)
         self.check(("trainer rank lost", during, point, effects))
         return lost
@@ -349,6 +352,10 @@ def _settings(seed: int, steps: int = 5) -> tuple[dict, LoopSettings, int, rando
     # it was.
     choice["stragglers"] = random.Random(f"{seed}:stragglers").random() < 0.4
     choice["trainer_loss"] = random.Random(f"{seed}:trainer_loss").random() < 0.3
+    # a streamed step: its two groups trained one call each, published once (the elastic
+    # pool's replicas train whole steps: train.mini_batches = 1 keeps the two apart)
+    choice["stream"] = not choice["elastic"] and random.Random(f"{seed}:stream").random() < 0.3
+    settings.stream_chunks = 2 if choice["stream"] else 1
     return choice, settings, workers, rng
 
 
@@ -374,7 +381,8 @@ def run_schedule(seed: int, steps: int = 5) -> tuple[dict, ScheduleRuntime]:
     try:
         summary = asyncio.run(go())
         k = choice["K"]
-        for step, groups in enumerate(runtime.batches):  # the trainer was at version `step`
+        for call, groups in enumerate(runtime.batches):
+            step = call // settings.stream_chunks  # the trainer was at version `step`
             for group in groups:
                 samples = sorted(int(t.result.request_id.rsplit("-", 1)[1])
                                  for t in group.trajectories)

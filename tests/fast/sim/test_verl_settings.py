@@ -54,7 +54,13 @@ def test_trainer_settings_are_the_scripts(policy):
     # 512 prompts / ppo_mini_batch_size 32 = 16 optimizer steps a step (fully async: 4 local
     # updates of require_batches 4 x 32 prompts between two syncs)
     assert (config.loop.batch_prompts, config.rollout.n_samples) == (512, 16)
-    assert trainer.mini_batches == 16
+    assert config.train.mini_batches == 16
+    # fully async trains each require_batches x 32 = 128 prompts once collected, and syncs
+    # every trigger_parameter_sync_step = 4 such calls; the colocated trainer takes the batch
+    # whole
+    chunks = {"colocated": 1, "partial": 4}[policy]
+    assert config.train.stream_chunks == chunks
+    assert trainer.mini_batches == 16 // chunks  # optimizer steps a training call
     # dynamic batch size: ppo_max_token_len_per_gpu x sp_size tokens a micro-batch of a
     # sequence-parallel group (verl/workers/actor/dp_actor.py), rows bounded by tokens only
     assert trainer.micro_batch_tokens == 2 * (MAX_PROMPT + MAX_RESPONSE) * SP == 245_760

@@ -70,6 +70,19 @@ def test_the_schedules_lose_trainer_ranks_at_every_point(quiet):
     assert repeated > 0
 
 
+def test_some_streamed_schedules_lose_a_rank_between_the_parts_of_a_step(quiet):
+    """train.stream_chunks = 2 in some schedules: a step's two calls, each committed on its
+    own; ranks are lost in the second call of a step too (a harness that never drew it would
+    prove nothing of a part's recovery)."""
+    second_part_losses = 0
+    for seed in (s for s in range(300) if _settings(s)[0]["stream"]):
+        _, runtime = run_schedule(seed)
+        assert [len(groups) for groups in runtime.batches] == [1] * 2 * 5  # a group a call
+        # two calls a step: a call after an odd number of committed ones is a second part
+        second_part_losses += sum(calls % 2 for calls in runtime.lost_in_call)
+    assert second_part_losses > 0
+
+
 _intact_call = TrainerRecovery.call
 
 
