@@ -29,3 +29,10 @@ def test_names_decide_the_kind():
     assert not is_total("buddy_wait_s_max")  # a maximum of seconds, not a total
     assert is_total("skipped_updates") and is_total("logprob_old_s") and is_total("train_tokens")
     assert not is_total("tokens") and not is_total("is_ess") and not is_maximum("loss")
+
+
+def test_a_record_that_is_not_a_number_is_the_last_parts():
+    # the elastic pool's replicas_lost: {worker: reason}, passed through as it was
+    assert combine_parts([{"replicas_lost": {"2": "actor died"}, "loss": 1.0}]) == \
+        {"replicas_lost": {"2": "actor died"}, "loss": 1.0}
+    assert combine_parts([{"flag": True}, {"flag": False}]) == {"flag": False}
