@@ -24,7 +24,7 @@ from ..usercode.config import UserCodeConfig
 from ..validation import check_finite_fields, contradiction
 
 # The largest seed. Rollout worker i's engine is seeded with seed * 1000 + i
-# (runtime/workers.py), and vLLM seeds numpy's legacy generator with it, which takes
+# (runtime/rollout_worker.py), and vLLM seeds numpy's legacy generator with it, which takes
 # [0, 2^32 - 1] only (torch takes [-2^63, 2^64 - 1], `random` any integer): so seed * 1000 + 999
 # must stay below 2^32.
 MAX_SEED = (2 ** 32 - 1000) // 1000

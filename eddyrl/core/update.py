@@ -4,7 +4,7 @@ decoupled loss, and `mini_batches` optimizer steps of the policy loss (core/loss
 
 `PolicyUpdate` is the algorithm; the engines do the arithmetic. It calls only the training
 engine's narrow interface (`TrainingEngine`: log-probs, one optimizer step), so it runs the same
-in a Ray actor (runtime/workers.py `TrainerRank`), in one process (runtime/local.py, through
+in a Ray actor (runtime/trainer_rank.py `TrainerRank`), in one process (runtime/local.py, through
 the same `TrainerRank`) and against a scripted engine in tests. Building the engines, the
 device, profiling and the elastic pool's transport (Ray references) stay in the runtime: the
 joined replicas' gradients arrive as a plain callable (`ReplicaShare`).

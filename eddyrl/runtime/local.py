@@ -34,7 +34,8 @@ class LocalRuntime(InProcessRuntime):
     """`Runtime` + `Checkpointable` + `Plannable`, all in this process."""
 
     def __init__(self, settings: RuntimeSettings, model_path: str, work_dir: str) -> None:
-        from .workers import RolloutWorker, TrainerRank
+        from .rollout_worker import RolloutWorker
+        from .trainer_rank import TrainerRank
 
         # settings it cannot run (more ranks, colocation, the elastic pool) are refused when
         # the config is loaded (config/schema.py)

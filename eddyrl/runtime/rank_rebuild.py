@@ -14,7 +14,7 @@ Without buddy copies (`train.buddy_replication = false`) every member takes
 `rejoin_published`: the same group change, then the run's last checkpoint (optimizer state,
 generators) and over its weights the rollout's published ones (runtime/ray/published_rebuild.py).
 
-A mixin of `TrainerRank` (workers.py), which holds the engine and starts it (`start`).
+A mixin of `TrainerRank` (trainer_rank.py), which holds the engine and starts it (`start`).
 """
 
 from __future__ import annotations

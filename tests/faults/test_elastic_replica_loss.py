@@ -28,7 +28,7 @@ from fsdp_helpers import make_batch
 from eddyrl.config import load_config
 from eddyrl.core.ledger import Ledger
 from eddyrl.resolved import runtime_settings
-from eddyrl.runtime import workers
+from eddyrl.runtime import trainer_rank
 
 STEPS = 8
 PROMPTS, SAMPLES = 4, 4  # eddy_process.RUN's batch
@@ -90,7 +90,7 @@ def _batch(model_dir):
 def _rank(model_dir, rendezvous):
     config = load_config(overrides=["platform=cpu", "train.lr=1e-2", f"model.path={model_dir}",
                                     "cluster.threads_per_worker=1"])
-    return workers.TrainerRank(runtime_settings(config).trainer, 0, 1, rendezvous, model_dir)
+    return trainer_rank.TrainerRank(runtime_settings(config).trainer, 0, 1, rendezvous, model_dir)
 
 
 def test_a_failed_replica_fetch_leaves_no_gradients_in_the_rerun(tiny_model_dir, tmp_path,
@@ -106,7 +106,7 @@ def test_a_failed_replica_fetch_leaves_no_gradients_in_the_rerun(tiny_model_dir,
         try:
             if fails_first:
                 with monkeypatch.context() as patched:
-                    patched.setattr(workers, "_replica_gradients", lost_replica)
+                    patched.setattr(trainer_rank, "_replica_gradients", lost_replica)
                     with pytest.raises(RuntimeError, match="process died"):
                         rank.train(_batch(tiny_model_dir), ["replica 1's reference"], 3)
                 assert rank.engine.version == 0  # no optimizer step in the failed attempt

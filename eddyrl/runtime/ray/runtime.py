@@ -24,7 +24,8 @@ from ...core.batching import split_for_ranks
 from ...errors import WorkerCallError, WorkerLost
 from ...runtime_protocol import TrainerRankLost
 from ..node_files import DirectoryShipment
-from ..workers import RolloutWorker, TrainerRank
+from ..rollout_worker import RolloutWorker
+from ..trainer_rank import TrainerRank
 from . import trainer_checkpoints
 from .calls import RayCalls
 from .lifecycle import start_ray, stop_ray

@@ -21,10 +21,10 @@ def exception_lines(text):
     return exception_lines(text)
 
 HEADER = ("\x1b[36mray::TrainerRank.save()\x1b[39m (pid=13906, ip=127.0.0.1, actor_id=c1686d, "
-          "repr=<eddyrl.runtime.workers.TrainerRank object at 0x7f10cba839d0>)")
+          "repr=<eddyrl.runtime.trainer_rank.TrainerRank object at 0x7f10cba839d0>)")
 DISK_FULL = (f"{HEADER}\nOSError: [Errno 28] No space left on device: '/runs/x/model.safetensors'"
              "\n\nThe above exception was the direct cause of the following exception:\n\n"
-             f"{HEADER}\n           ^^^^^^^^^^^^^^^^\n  File \"/eddyrl/runtime/workers.py\", line "
+             f"{HEADER}\n           ^^^^^^^^^^^^^^^^\n  File \"/eddyrl/runtime/trainer_rank.py\", line "
              "14, in save\n    raise RuntimeError(\"saving failed\") from e\n"
              "RuntimeError: saving failed")
 NO_MODULE = ("The actor died because of an error raised in its creation task, \x1b[36mray::"

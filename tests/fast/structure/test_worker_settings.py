@@ -1,6 +1,6 @@
 """Workers get their own settings only: below the driver (`launch.py`, `resolved.py`) no
 function or class of `eddyrl/runtime/` takes the whole config. The runtimes (ray.py, local.py,
-inprocess.py), the workers (workers.py), Ray's placement, recovery and calls (ray_*.py) and
+inprocess.py), the workers (rollout_worker.py, trainer_rank.py, workers.py), Ray's placement, recovery and calls (ray_*.py) and
 the devices (devices.py) are told their own sections (`runtime/settings.py`). Read from the
 source, nothing imported."""
 
@@ -30,7 +30,7 @@ def whole_config_parameters(source: str) -> list[str]:
 
 def test_no_runtime_worker_takes_the_whole_config():
     modules = sorted(p for p in (ROOT / "runtime").rglob("*.py") if p.name not in RESOLVING)
-    assert {"workers.py", "local.py"} <= {p.name for p in modules}
+    assert {"rollout_worker.py", "trainer_rank.py", "local.py"} <= {p.name for p in modules}
     offenders = {str(p.relative_to(ROOT)): found for p in modules
                  if (found := whole_config_parameters(p.read_text()))}
     assert not offenders, f"these take the whole EddyConfig, not their own sections: {offenders}"

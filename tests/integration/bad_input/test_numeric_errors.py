@@ -82,7 +82,7 @@ def test_trainer_rank_counts_every_skipped_mini_batch(tiny_model_dir, tmp_path):
     step's metrics report them (a count adds up where the other metrics are means)."""
     from eddyrl.config import load_config
     from eddyrl.resolved import runtime_settings
-    from eddyrl.runtime.workers import TrainerRank
+    from eddyrl.runtime.trainer_rank import TrainerRank
 
     config = load_config(overrides=["platform=cpu", "train.mini_batches=2",
                                     f"model.path={tiny_model_dir}"])

@@ -10,7 +10,7 @@ import torch
 
 from eddyrl.config import load_config
 from eddyrl.resolved import runtime_settings
-from eddyrl.runtime.workers import TrainerRank
+from eddyrl.runtime.trainer_rank import TrainerRank
 
 LOW, HIGH = 0.9, 1.1  # narrow icepop bounds: the helper batch's noise (0.3) passes them often
 

@@ -6,7 +6,7 @@ import torch
 from eddyrl.config import load_config
 from eddyrl.metric_kinds import combine_parts
 from eddyrl.resolved import runtime_settings
-from eddyrl.runtime.workers import TrainerRank
+from eddyrl.runtime.trainer_rank import TrainerRank
 
 
 def _batch(model_dir):

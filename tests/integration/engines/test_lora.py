@@ -166,7 +166,7 @@ def test_the_trainer_rank_sends_what_its_rollout_engine_takes_and_reports_it(
         model_dir, batch, tmp_path, rollout_engine, factors):
     from eddyrl.config import load_config
     from eddyrl.resolved import runtime_settings
-    from eddyrl.runtime.workers import TrainerRank
+    from eddyrl.runtime.trainer_rank import TrainerRank
 
     config = load_config(overrides=[
         "platform=cpu", f"model.path={model_dir}", "cluster.threads_per_worker=1",

@@ -50,7 +50,7 @@ def test_a_rollout_worker_builds_its_engine_from_the_rollout_settings(monkeypatc
                                                                       tiny_model_dir):
     from eddyrl.config import load_config
     from eddyrl.resolved import runtime_settings
-    from eddyrl.runtime import workers
+    from eddyrl.runtime import rollout_worker
 
     config = load_config(overrides=[f"model.path={tiny_model_dir}", "platform=cpu",
                                     "rollout.engine=hf", "rollout.dtype=bf16",
@@ -59,7 +59,7 @@ def test_a_rollout_worker_builds_its_engine_from_the_rollout_settings(monkeypatc
         monkeypatch.setenv(key, "")  # recorded, so the worker's values are undone after
     threads = torch.get_num_threads()
     try:
-        worker = workers.RolloutWorker(runtime_settings(config).rollout, 0, tiny_model_dir)
+        worker = rollout_worker.RolloutWorker(runtime_settings(config).rollout, 0, tiny_model_dir)
     finally:
         torch.set_num_threads(threads)
     assert next(worker.engine.model.parameters()).dtype == torch.bfloat16

@@ -34,19 +34,19 @@ def _rollout_worker(monkeypatch, model_dir, engine=None, *overrides):
     instead of a new one, or an `hf` engine. Its process-wide settings are put back after."""
     from eddyrl.config import load_config
     from eddyrl.resolved import runtime_settings
-    from eddyrl.runtime import workers
+    from eddyrl.runtime import rollout_worker
 
     config = load_config(overrides=[f"model.path={model_dir}", "platform=cpu",
                                     f"rollout.engine={'vllm' if engine else 'hf'}",
                                     f"cluster.timeout_s={TIMEOUT_S}", *overrides])
     if engine is not None:
-        monkeypatch.setattr(workers, "load_engine_class",
+        monkeypatch.setattr(rollout_worker, "load_engine_class",
                             lambda role, name: lambda *args, **kwargs: engine)
     for key in get_platform("cpu").inference_engine_env():
         monkeypatch.setenv(key, "")  # recorded, so the worker's values are undone after
     threads = torch.get_num_threads()
     try:
-        return workers.RolloutWorker(runtime_settings(config).rollout, 0, model_dir)
+        return rollout_worker.RolloutWorker(runtime_settings(config).rollout, 0, model_dir)
     finally:
         torch.set_num_threads(threads)
 
