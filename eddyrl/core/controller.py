@@ -7,7 +7,9 @@ to K + 1 batches), trains on the fresh batch the window hands out (the first col
 that keep every other group within K versions; K = 0 is synchronous GRPO on the current
 weights) plus replayed groups (ReFlow's replay cycle: at most floor(sigma*B), weighted tau,
 lag <= delta), then publishes the new weights to every rollout worker and lets the assignment
-move legacy-version work off the workers the new version needs (DORA). Streaming itself
+move legacy-version work off the workers the new version needs (DORA). A streamed step
+(`stream_chunks` > 1, verl's fully asynchronous trainer) trains its batch in parts, each as
+soon as it is collected, and publishes once. Streaming itself
 (workers, store, scoring, migration) is `rollout.StreamingRollout`. The ledger records every
 group's lifecycle: the proof that each prompt was trained exactly once as fresh data. With
 `window.governor`, the stability governor (`governor.py`) reads each step's record and sets K
@@ -21,12 +23,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from ..metric_kinds import combine_parts
 from ..protocol import Group, SamplingParams
 from ..tasks.prompts import Prompt, PromptQueue, PromptSet
 from .idle import IdleWatch
 from .config import AlgorithmConfig, LoopConfig, WindowConfig
 from .elastic_driver import ElasticDriver, NoElastic
-from ..metric_kinds import combine_parts
 from .governor import Governor, Signals
 from .ledger import Ledger
 from .replay import ReplayBuffer, ReplayConfig
