@@ -16,8 +16,9 @@ so the bound is checked at every step from d + K on.
 
 Training takes groups in completion order, not dispatch order: `take_batch` hands out the B
 collected groups with the earliest deadlines (or, for a streamed step, `take_batch(count)` any
-part of the B still untaken at this version: the rule below counts what the version has taken), but only if what stays behind (running or not) can
-still be trained in time, i.e. at most j·B groups with deadline <= version + j, for j = 0..K
+part of the B still untaken at this version: the rule below counts what the version has
+taken), but only if what stays behind (running or not) can still be trained in time, i.e. at
+most j·B groups with deadline <= version + j, for j = 0..K
 (earliest-deadline-first is optimal for unit-size jobs, so it never refuses a batch that some
 other choice would allow). A slow trajectory therefore does not hold up a batch of fast ones
 until its own deadline comes; then the trainer waits for it (DORA slides its window only once the

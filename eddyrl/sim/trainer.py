@@ -74,8 +74,8 @@ class SimTrainer:
     def from_config(cls, config: EddyConfig, cost: CostModel, dp: int, *,
                     shard: int = 0, rollout_logprobs: bool = False) -> SimTrainer:
         """The trainer `config` describes: its `train` section's optimizer steps a call,
-        activation checkpointing and micro-batches, its algorithm's log-prob passes (none for the old
-        log-probs when `rollout_logprobs`: they come from the rollout engine)."""
+        activation checkpointing and micro-batches, its algorithm's log-prob passes (none for
+        the old log-probs when `rollout_logprobs`: they come from the rollout engine)."""
         train = config.train
         return cls(cost=cost, dp=dp, mini_batches=train.mini_batches_per_call,
                    passes=forward_passes(config.algorithm, train.mini_batches_per_call,

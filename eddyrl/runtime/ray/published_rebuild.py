@@ -10,8 +10,9 @@ workers were last given, and the optimizer state and generators of the run's las
   optimizer steps a version the two counts differ. Only that state will do: an older one would
   drop steps whose batches the ledger counts as trained; none newer exists (the trainer is its
   only source). A state never published, a streamed step's part (`train.stream_chunks`), has
-  no such source: the run ends saying so. A worker gives them back in its engine's dtype, under the trainer's names; they go
-  to the new rank 0 through the object store and from it to the others by broadcast.
+  no such source: the run ends saying so. A worker gives them back in its engine's dtype,
+  under the trainer's names; they go to the new rank 0 through the object store and from it to
+  the others by broadcast.
 - The optimizer and generators: the newest checkpoint under `<run_dir>/checkpoints` that
   verifies (`checkpoints.latest`), of a version no later than that; none (the first steps of a
   run) gives a fresh optimizer and the seed's generators.

@@ -1,8 +1,8 @@
 """Workers get their own settings only: below the driver (`launch.py`, `resolved.py`) no
 function or class of `eddyrl/runtime/` takes the whole config. The runtimes (ray.py, local.py,
-inprocess.py), the workers (rollout_worker.py, trainer_rank.py, workers.py), Ray's placement, recovery and calls (ray_*.py) and
-the devices (devices.py) are told their own sections (`runtime/settings.py`). Read from the
-source, nothing imported."""
+inprocess.py), the workers (rollout_worker.py, trainer_rank.py, workers.py), Ray's
+placement, recovery and calls (ray_*.py) and the devices (devices.py) are told their own
+sections (`runtime/settings.py`). Read from the source, nothing imported."""
 
 from __future__ import annotations
 
