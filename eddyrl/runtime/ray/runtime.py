@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Sequence
 from ...protocol import EngineStats, GenerationRequest, GenerationResult, TrainBatch
 from ...core.batching import split_for_ranks
 from ...errors import WorkerCallError, WorkerLost
+from ...metric_kinds import is_maximum
 from ...runtime_protocol import TrainerRankLost
 from ..node_files import DirectoryShipment
 from ..rollout_worker import RolloutWorker
@@ -388,11 +389,12 @@ class RayRuntime:
 
 
 def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """Sums for counts, maxima for maxima, rank 0's value for the rest (already all-reduced)."""
+    """Sums for each rank's own sums and token counts, maxima for maxima (metric_kinds.py),
+    rank 0's value for the rest (already all-reduced; seconds ran side by side)."""
     combined = dict(results[0])
     for key in combined:
         values = [r.get(key, 0.0) for r in results]
-        if key.endswith("_max"):
+        if is_maximum(key):
             combined[key] = max(values)
         elif key.endswith(("_sum", "_tokens")):
             combined[key] = sum(values)
